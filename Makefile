@@ -1,0 +1,44 @@
+# meshfed — see README.md. Every target runs from a fresh clone with only Go installed,
+# except `proto` (and the proto half of `verify`), which needs Debian's protobuf-compiler.
+SHELL := /bin/bash
+GO ?= go
+FUZZTIME ?= 30s
+BENCHTIME ?= 1x
+PKGS := ./...
+
+.PHONY: help build test test-e2e bench fuzz lint proto verify
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+build: ## compile every package and command
+	$(GO) build $(PKGS)
+
+test: ## unit and real-gRPC conformance tests, with -race (the CI command)
+	$(GO) test -race -count=1 $(PKGS)
+
+test-e2e: ## multi-process end-to-end tests (build tag e2e)
+	$(GO) test -race -count=1 -tags e2e $(PKGS)
+
+bench: ## benchmark table (with same-run baselines) and Go benchmarks
+	$(GO) run ./cmd/mcpbench
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./mcp/...
+
+fuzz: ## run every fuzz target for FUZZTIME each
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+lint: ## go vet and a gofmt check
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+proto: ## regenerate mcp/v1alpha1 from mcp.proto (pinned protoc and plugins)
+	./hack/proto.sh
+
+verify: ## fail when generated code, go.mod or go.sum are stale
+	$(GO) mod tidy -diff
+	./hack/proto.sh
+	@git diff --exit-code -- mcp/v1alpha1 || { echo "generated code is stale: run make proto and commit"; exit 1; }

@@ -1,0 +1,146 @@
+package mcp
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+)
+
+// Metrics are the engine's Prometheus metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	streamsOpen     *prometheus.GaugeVec
+	streamsTotal    *prometheus.CounterVec
+	streamsRejected *prometheus.CounterVec
+	pushes          *prometheus.CounterVec
+	acks            *prometheus.CounterVec
+	nacks           *prometheus.CounterVec
+	bytes           *prometheus.CounterVec
+	ackLatency      *prometheus.HistogramVec
+	ignoredReqs     *prometheus.CounterVec
+	pushErrors      *prometheus.CounterVec
+}
+
+// NewMetrics creates the engine's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns, sub = "meshfed", "mcp"
+	m := &Metrics{
+		streamsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "streams_open",
+			Help: "MCP streams currently open, by role (source|sink) and transport (server|client)."}, []string{"role", "transport"}),
+		streamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "streams_total",
+			Help: "MCP streams opened, by role and transport."}, []string{"role", "transport"}),
+		streamsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "streams_rejected_total",
+			Help: "MCP streams refused before they started, by reason."}, []string{"reason"}),
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pushes_total",
+			Help: "Resources messages sent (role=source) or received (role=sink), by collection and kind (full|incremental)."}, []string{"role", "collection", "kind"}),
+		acks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "acks_total",
+			Help: "ACKs received (role=source) or sent (role=sink), by collection."}, []string{"role", "collection"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "nacks_total",
+			Help: "NACKs received (role=source) or sent (role=sink), by collection and reason (the gRPC code of the error detail)."}, []string{"role", "collection", "reason"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bytes_total",
+			Help: "MCP message bytes, by role and direction (sent|received)."}, []string{"role", "direction"}),
+		ackLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "push_ack_latency_seconds",
+			Help:    "Time from sending a push to receiving its ACK or NACK, by collection.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"collection"}),
+		ignoredReqs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "ignored_messages_total",
+			Help: "Messages ignored by the engine, by reason (stale_nonce, no_collection, unknown_collection, trigger, ...)."}, []string{"reason"}),
+		pushErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "push_errors_total",
+			Help: "Pushes or resources that could not be sent, by collection and reason."}, []string{"collection", "reason"}),
+	}
+	reg.MustRegister(m.streamsOpen, m.streamsTotal, m.streamsRejected, m.pushes, m.acks, m.nacks, m.bytes, m.ackLatency, m.ignoredReqs, m.pushErrors)
+	return m
+}
+
+func (m *Metrics) streamOpened(i *StreamInfo) {
+	if m == nil {
+		return
+	}
+	m.streamsOpen.WithLabelValues(i.Role, i.Transport).Inc()
+	m.streamsTotal.WithLabelValues(i.Role, i.Transport).Inc()
+}
+
+func (m *Metrics) streamClosed(i *StreamInfo) {
+	if m == nil {
+		return
+	}
+	m.streamsOpen.WithLabelValues(i.Role, i.Transport).Dec()
+}
+
+func (m *Metrics) streamRejected(reason string) {
+	if m == nil {
+		return
+	}
+	m.streamsRejected.WithLabelValues(reason).Inc()
+}
+
+func kind(incremental bool) string {
+	if incremental {
+		return "incremental"
+	}
+	return "full"
+}
+
+func (m *Metrics) push(collection string, incremental bool, bytes int) {
+	if m == nil {
+		return
+	}
+	m.pushes.WithLabelValues("source", collection, kind(incremental)).Inc()
+	m.bytes.WithLabelValues("source", "sent").Add(float64(bytes))
+}
+
+func (m *Metrics) received(collection string, incremental bool, bytes int) {
+	if m == nil {
+		return
+	}
+	m.pushes.WithLabelValues("sink", collection, kind(incremental)).Inc()
+	m.bytes.WithLabelValues("sink", "received").Add(float64(bytes))
+}
+
+func (m *Metrics) ack(collection string, latency time.Duration) {
+	if m == nil {
+		return
+	}
+	m.acks.WithLabelValues("source", collection).Inc()
+	m.ackLatency.WithLabelValues(collection).Observe(latency.Seconds())
+}
+
+func (m *Metrics) nack(collection string, code codes.Code, latency time.Duration) {
+	if m == nil {
+		return
+	}
+	m.nacks.WithLabelValues("source", collection, code.String()).Inc()
+	m.ackLatency.WithLabelValues(collection).Observe(latency.Seconds())
+}
+
+func (m *Metrics) sinkAck(collection string, code codes.Code, bytes int) {
+	if m == nil {
+		return
+	}
+	if code == codes.OK {
+		m.acks.WithLabelValues("sink", collection).Inc()
+	} else {
+		m.nacks.WithLabelValues("sink", collection, code.String()).Inc()
+	}
+	m.bytes.WithLabelValues("sink", "sent").Add(float64(bytes))
+}
+
+func (m *Metrics) addBytesReceived(role string, n int) {
+	if m == nil {
+		return
+	}
+	m.bytes.WithLabelValues(role, "received").Add(float64(n))
+}
+
+func (m *Metrics) ignored(reason string) {
+	if m == nil {
+		return
+	}
+	m.ignoredReqs.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) pushError(collection, reason string) {
+	if m == nil {
+		return
+	}
+	m.pushErrors.WithLabelValues(collection, reason).Inc()
+}

@@ -1,0 +1,284 @@
+package mcp
+
+import (
+	"fmt"
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+const (
+	vs = "istio/networking/v1alpha3/virtualservices"
+	dr = "istio/networking/v1alpha3/destinationrules"
+)
+
+// forEachDirection runs a source-role test over both gRPC directions.
+func forEachDirection(t *testing.T, fn func(t *testing.T, d direction)) {
+	for _, d := range directions {
+		t.Run(string(d), func(t *testing.T) { fn(t, d) })
+	}
+}
+
+func TestSourceAnswersEveryRequestedCollection(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs, dr)
+		c.Put(vs, entry(t, "default/a", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.request(vs, false, nil)
+		sink.request(dr, false, nil)          // served, empty
+		sink.request("not/served/here", false, nil) // not served: empty state, stream stays up
+		got := map[string][]string{}
+		nonces := map[string]bool{}
+		for range 3 {
+			m := sink.next()
+			if m.Incremental {
+				t.Errorf("%s: incremental push to a sink that did not ask", m.Collection)
+			}
+			if m.Nonce == "" || nonces[m.Nonce] {
+				t.Errorf("%s: nonce %q empty or reused", m.Collection, m.Nonce)
+			}
+			nonces[m.Nonce] = true
+			got[m.Collection] = names(m)
+			sink.ack(m)
+		}
+		if !equal(got[vs], []string{"default/a@1"}) || len(got[dr]) != 0 || len(got["not/served/here"]) != 0 {
+			t.Fatalf("pushes = %v", got)
+		}
+		if _, ok := got["not/served/here"]; !ok {
+			t.Fatal("unserved collection got no answer")
+		}
+		// The stream is alive: a change still arrives.
+		c.Put(vs, entry(t, "default/b", "1"))
+		if m := sink.next(); !equal(names(m), []string{"default/a@1", "default/b@1"}) {
+			t.Fatalf("after change: %v", names(m))
+		}
+	})
+}
+
+func TestSourceOneOutstandingPushAndCoalescing(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.request(vs, false, nil)
+		first := sink.next()
+		// Not ACKed yet: a burst of 1,000 changes must not produce a second push.
+		for i := range 1000 {
+			c.Put(vs, entry(t, fmt.Sprintf("ns/r%d", i%10), fmt.Sprint(i)))
+		}
+		sink.none(dr) // round trip: nothing of vs was sent
+		sink.ack(first)
+		m := sink.next()
+		want := []string{}
+		for i := 990; i < 1000; i++ {
+			want = append(want, fmt.Sprintf("ns/r%d@%d", i%10, i))
+		}
+		if got := names(m); !equal(got, sortedCopy(want)) {
+			t.Fatalf("coalesced push = %v, want %v", got, want)
+		}
+		sink.ack(m)
+		sink.none("probe/2") // and nothing more: the sink ends on the latest state
+	})
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	sortStrings(out)
+	return out
+}
+
+func TestSourceIgnoresStaleAndUnknownNonces(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/a", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.request(vs, false, nil)
+		m1 := sink.next()
+		sink.ack(m1)
+		c.Put(vs, entry(t, "ns/a", "2"))
+		m2 := sink.next()
+		// A stale ACK (m1's nonce) and an unknown one must not complete m2.
+		sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: m1.Nonce})
+		sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: "no-such-nonce"})
+		c.Put(vs, entry(t, "ns/a", "3"))
+		sink.none("probe/1") // still waiting for m2's ACK: no push
+		sink.ack(m2)
+		if got := names(sink.next()); !equal(got, []string{"ns/a@3"}) {
+			t.Fatalf("after ACK: %v", got)
+		}
+	})
+}
+
+func TestSourceDoesNotResendNackedSet(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		reg := newTestMetrics(t)
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/bad", "1"))
+		sink := newRawSink(t, newTestSource(t, c, func(o *SourceOptions) { o.Metrics = reg.m }), d)
+		sink.request(vs, false, nil)
+		m := sink.next()
+		sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: m.Nonce,
+			ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: "ns/bad: unknown field"}})
+		sink.none("probe/1")
+		// Re-putting the same version changes nothing and must not resend.
+		c.Put(vs, entry(t, "ns/bad", "1"))
+		sink.none("probe/2")
+		// A real change is pushed.
+		c.Put(vs, entry(t, "ns/bad", "2"))
+		if got := names(sink.next()); !equal(got, []string{"ns/bad@2"}) {
+			t.Fatalf("after change: %v", got)
+		}
+		if n := reg.counter(t, "meshfed_mcp_nacks_total", "collection", vs, "reason", "InvalidArgument"); n != 1 {
+			t.Errorf("nacks_total{InvalidArgument} = %v, want 1", n)
+		}
+	})
+}
+
+func TestSourceIncrementalOnlyWhenAsked(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs, dr)
+		c.Put(vs, entry(t, "ns/a", "1"), entry(t, "ns/b", "1"))
+		c.Put(dr, entry(t, "ns/a", "1"), entry(t, "ns/b", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.request(vs, true, nil)  // incremental
+		sink.request(dr, false, nil) // full state
+		for range 2 {
+			m := sink.next()
+			if m.Incremental {
+				t.Fatalf("%s: first push to a sink without state must be full", m.Collection)
+			}
+			sink.ack(m)
+		}
+		c.Put(vs, entry(t, "ns/a", "2"))
+		c.Remove(vs, "ns/b")
+		c.Put(dr, entry(t, "ns/a", "2"))
+		c.Remove(dr, "ns/b")
+		for range 2 {
+			m := sink.next()
+			switch m.Collection {
+			case vs:
+				if !m.Incremental || !equal(names(m), []string{"ns/a@2"}) || !equal(m.RemovedResources, []string{"ns/b"}) {
+					t.Errorf("vs delta: incremental=%v resources=%v removed=%v", m.Incremental, names(m), m.RemovedResources)
+				}
+			case dr:
+				if m.Incremental || !equal(names(m), []string{"ns/a@2"}) || len(m.RemovedResources) != 0 {
+					t.Errorf("dr full: incremental=%v resources=%v removed=%v", m.Incremental, names(m), m.RemovedResources)
+				}
+			}
+			sink.ack(m)
+		}
+	})
+}
+
+func TestSourceResumesFromInitialVersions(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs, dr)
+		c.Put(vs, entry(t, "ns/same", "1"), entry(t, "ns/changed", "2"), entry(t, "ns/new", "1"))
+		c.Put(dr, entry(t, "ns/same", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		declared := map[string]string{"ns/same": "1", "ns/changed": "1", "ns/gone": "1"}
+		sink.request(vs, true, declared)
+		m := sink.next()
+		if !m.Incremental || !equal(names(m), []string{"ns/changed@2", "ns/new@1"}) || !equal(m.RemovedResources, []string{"ns/gone"}) {
+			t.Fatalf("resume push: incremental=%v resources=%v removed=%v", m.Incremental, names(m), m.RemovedResources)
+		}
+		sink.ack(m)
+		// Nothing differs: the sink still gets one (empty) answer, so it can become ready.
+		sink.request(dr, true, map[string]string{"ns/same": "1"})
+		m = sink.next()
+		if !m.Incremental || len(m.Resources) != 0 || len(m.RemovedResources) != 0 {
+			t.Fatalf("up-to-date resume: incremental=%v resources=%v removed=%v", m.Incremental, names(m), m.RemovedResources)
+		}
+		sink.ack(m)
+		// A sink that declares versions but cannot take incremental pushes gets full state.
+		sink.request("istio/other", false, nil)
+		sink.ack(sink.next())
+	})
+}
+
+func TestSourceFullStateWhenResumeWithoutIncremental(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/a", "1"), entry(t, "ns/b", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.request(vs, false, map[string]string{"ns/a": "1"})
+		m := sink.next()
+		if m.Incremental || !equal(names(m), []string{"ns/a@1", "ns/b@1"}) {
+			t.Fatalf("push: incremental=%v resources=%v", m.Incremental, names(m))
+		}
+	})
+}
+
+func TestSourceEmptyNonceWhilePendingIsAck(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/a", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.request(vs, false, nil)
+		sink.next()
+		c.Put(vs, entry(t, "ns/a", "2"))
+		// Istio's sink re-requests with an empty nonce: it counts as the ACK.
+		sink.request(vs, false, nil)
+		if got := names(sink.next()); !equal(got, []string{"ns/a@2"}) {
+			t.Fatalf("after empty-nonce request: %v", got)
+		}
+	})
+}
+
+func TestSourceToleratesOddRequests(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/a", "1"))
+		sink := newRawSink(t, newTestSource(t, c), d)
+		sink.sendReq(&mcppb.RequestResources{})                                   // no collection
+		sink.sendReq(&mcppb.RequestResources{Collection: TriggerCollection})      // trigger echo
+		sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: "42"}) // first request with a nonce (istiod does)
+		m := sink.next()
+		if m.Collection != vs || !equal(names(m), []string{"ns/a@1"}) {
+			t.Fatalf("push = %s %v", m.Collection, names(m))
+		}
+	})
+}
+
+func TestSourceSplitsIncrementalPushesAndRefusesOversizedFullState(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		reg := newTestMetrics(t)
+		c := NewCache(vs, dr)
+		var all []string
+		for i := range 40 {
+			e := entry(t, fmt.Sprintf("ns/r%02d", i), "1")
+			c.Put(vs, e)
+			c.Put(dr, e)
+			all = append(all, e.Name+"@1")
+		}
+		maxSize := 1000 // about a dozen resources per push
+		src := newTestSource(t, c, func(o *SourceOptions) { o.MaxMessageSize = maxSize; o.Metrics = reg.m })
+		sink := newRawSink(t, src, d)
+		sink.request(vs, true, nil)
+		var got []string
+		pushes := 0
+		for len(got) < len(all) {
+			m := sink.next()
+			if size := protoSize(m); size > maxSize {
+				t.Fatalf("push of %d bytes exceeds the %d limit", size, maxSize)
+			}
+			if !m.Incremental {
+				t.Fatal("split pushes must be incremental")
+			}
+			got = append(got, names(m)...)
+			pushes++
+			sink.ack(m)
+		}
+		if pushes < 2 || !equal(sortedCopy(got), all) {
+			t.Fatalf("%d pushes delivered %d resources", pushes, len(got))
+		}
+		// A full-state sink cannot be split for: nothing is sent, the error is counted.
+		sink.request(dr, false, nil)
+		sink.none("probe/1")
+		if n := reg.counter(t, "meshfed_mcp_push_errors_total", "collection", dr, "reason", "too_large"); n != 1 {
+			t.Errorf("push_errors_total{too_large} = %v, want 1", n)
+		}
+	})
+}

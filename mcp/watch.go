@@ -1,0 +1,109 @@
+package mcp
+
+import (
+	"sync"
+
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// Watcher is all the source engine needs from a store. The store decides what a stream may
+// see (it gets the StreamInfo); the engine decides when and how to push it.
+type Watcher interface {
+	// Watch subscribes a stream to a collection. notify is called, possibly from any goroutine,
+	// each time the collection's version advances; it never blocks. ok is false when the
+	// collection is not served to this stream: the engine then answers with an empty state.
+	// cancel ends the subscription and is safe to call more than once.
+	Watch(info *StreamInfo, collection string, notify func()) (c Collection, cancel func(), ok bool)
+}
+
+// Collection is the live, versioned state of one collection as one stream sees it.
+// Implementations must be safe for concurrent use.
+type Collection interface {
+	// Version is the current version. It increases on every change and is never 0 once the
+	// collection holds data; 0 means "never changed".
+	Version() uint64
+	// Snapshot returns the full current state. Implementations return the same *Snapshot for
+	// the same version, so streams share its encoded form.
+	Snapshot() *Snapshot
+	// Delta returns what changed after version from, up to the current version. ok is false
+	// when from is unknown (too old, or from the future): the engine then sends full state.
+	// Implementations return the same *Delta for the same (from, current) pair when they can.
+	Delta(from uint64) (d *Delta, ok bool)
+}
+
+// Snapshot is an immutable full state of a collection.
+type Snapshot struct {
+	Collection string
+	Version    uint64
+	// Entries sorted by Name, no duplicates.
+	Entries []*Entry
+
+	body lazyBody
+}
+
+// Delta is an immutable change set between two versions of a collection.
+type Delta struct {
+	Collection string
+	From, To   uint64
+	// Updated holds added or changed entries, sorted by name.
+	Updated []*Entry
+	// Removed holds names of deleted entries, sorted.
+	Removed []string
+
+	body lazyBody
+}
+
+// Empty reports whether the delta changes nothing.
+func (d *Delta) Empty() bool { return len(d.Updated) == 0 && len(d.Removed) == 0 }
+
+// lazyBody caches the encoded push body of a Snapshot or Delta, shared by all streams.
+type lazyBody struct {
+	once sync.Once
+	b    []byte
+}
+
+func (l *lazyBody) get(build func() []byte) []byte {
+	l.once.Do(func() { l.b = build() })
+	return l.b
+}
+
+func (s *Snapshot) encoded() []byte {
+	return s.body.get(func() []byte { return encodeBody(s.Collection, s.Version, s.Entries, nil, false) })
+}
+
+func (d *Delta) encoded() []byte {
+	return d.body.get(func() []byte { return encodeBody(d.Collection, d.To, d.Updated, d.Removed, true) })
+}
+
+// StreamInfo describes one MCP stream to stores, hooks and logs.
+type StreamInfo struct {
+	// ID is unique per process.
+	ID uint64
+	// Role is "source" or "sink": what this side of the stream does.
+	Role string
+	// Transport is "server" or "client": which side opened the gRPC stream.
+	Transport string
+	// Peer is the remote address.
+	Peer string
+	// Identity is the authenticated peer identity ("" when unauthenticated). Stores must
+	// authorize on this, never on Node.
+	Identity string
+
+	mu   sync.Mutex
+	node *mcppb.SinkNode
+}
+
+// Node returns the SinkNode the peer sent first, or nil. It is informative, not authoritative.
+func (i *StreamInfo) Node() *mcppb.SinkNode {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.node
+}
+
+func (i *StreamInfo) setNodeOnce(n *mcppb.SinkNode) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.node == nil && n != nil {
+		i.node = n
+	}
+}
