@@ -197,7 +197,7 @@ func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) e
 	defer cancel()
 	st, err := conn.NewStream(ctx, &mcppb.ResourceSink_ServiceDesc.Streams[0], mcppb.ResourceSink_EstablishResourceStream_FullMethodName, callOptions()...)
 	if err != nil {
-		return fmt.Errorf("open ResourceSink stream to %s: %w", target(conn), err)
+		return clientError(parent, fmt.Errorf("open ResourceSink stream to %s: %w", target(conn), err))
 	}
 	// Like Istio's source, speak first: some proxies only forward a stream once the client
 	// has sent a message. Sinks ignore it (Istio's NACKs it, and Serve ignores that NACK).
@@ -215,7 +215,7 @@ func (k *Sink) PullFrom(parent context.Context, conn grpc.ClientConnInterface) e
 	defer cancel()
 	st, err := conn.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, callOptions()...)
 	if err != nil {
-		return fmt.Errorf("open ResourceSource stream to %s: %w", target(conn), err)
+		return clientError(parent, fmt.Errorf("open ResourceSource stream to %s: %w", target(conn), err))
 	}
 	return clientError(parent, k.Serve(ctx, st, newStreamInfo("sink", "client", target(conn), "")))
 }

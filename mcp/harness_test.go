@@ -413,11 +413,8 @@ func (r *recorder) Apply(_ context.Context, c *Change) error {
 	if !c.Incremental || st == nil {
 		st, ct = map[string]string{}, map[string]string{}
 	}
-	for _, e := range c.Entries {
-		res, err := e.Decode()
-		if err != nil {
-			return err
-		}
+	for i, e := range c.Entries {
+		res := c.Resources[i]
 		var s wrapperspb.StringValue
 		if res.Body != nil {
 			if err := res.Body.UnmarshalTo(&s); err != nil {
@@ -501,3 +498,17 @@ var _ = proto.Size
 func sortStrings(s []string) { sort.Strings(s) }
 
 func protoSize(m proto.Message) int { return proto.Size(m) }
+
+// waitSynced waits until sink has received a push for every collection.
+func waitSynced(t testing.TB, sink *Sink) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !sink.Synced() {
+		if time.Now().After(deadline) {
+			t.Fatal("sink never synced")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -42,8 +43,11 @@ type Change struct {
 	// Incremental: Entries are added or updated and Removed are deleted. Otherwise Entries is
 	// the collection's full state and everything else is to be deleted.
 	Incremental bool
-	// Entries hold each resource's bytes as received; Entry.Decode parses one.
+	// Entries hold each resource's bytes exactly as received.
 	Entries []*Entry
+	// Resources are the Entries decoded (already validated), in the same order. Their Any
+	// bodies are not unpacked.
+	Resources []*mcpapi.Resource
 	// Removed names, for incremental pushes.
 	Removed []string
 	// SystemVersionInfo as sent by the source, for logs only.
@@ -192,18 +196,17 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 	}
 }
 
+// send writes a request. ACKs and NACKs are counted before they leave, so a peer that has
+// seen one can rely on the metric.
 func (k *Sink) send(st MsgStream, req *mcppb.RequestResources) error {
-	if err := st.SendMsg(req); err != nil {
-		return err
-	}
-	code := codes.OK
-	if req.ErrorDetail != nil {
-		code = codes.Code(req.ErrorDetail.Code)
-	}
 	if req.ResponseNonce != "" {
+		code := codes.OK
+		if req.ErrorDetail != nil {
+			code = codes.Code(req.ErrorDetail.Code)
+		}
 		k.opts.Metrics.sinkAck(req.Collection, code, proto.Size(req))
 	}
-	return nil
+	return st.SendMsg(req)
 }
 
 // handle processes one received Resources message. Only a failure to send ends the stream;
@@ -233,9 +236,12 @@ func (k *Sink) handle(ctx context.Context, st MsgStream, info *StreamInfo, log *
 		err = checkDuplicates(p)
 	}
 	if err == nil {
-		c := &Change{Stream: info, Collection: p.Collection, Incremental: p.Incremental, Entries: p.Entries, Removed: p.Removed, SystemVersionInfo: p.SystemVersionInfo}
+		c := &Change{Stream: info, Collection: p.Collection, Incremental: p.Incremental, Entries: p.Entries, Resources: p.Resources, Removed: p.Removed, SystemVersionInfo: p.SystemVersionInfo}
 		if aerr := k.opts.Applier.Apply(ctx, c); aerr != nil {
 			err = aerr
+			if StatusCode(aerr) == codes.Unknown {
+				err = fmt.Errorf("%w: %w", ErrRejected, aerr)
+			}
 		} else {
 			k.record(c)
 		}

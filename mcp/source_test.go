@@ -28,7 +28,7 @@ func TestSourceAnswersEveryRequestedCollection(t *testing.T) {
 		c.Put(vs, entry(t, "default/a", "1"))
 		sink := newRawSink(t, newTestSource(t, c), d)
 		sink.request(vs, false, nil)
-		sink.request(dr, false, nil)          // served, empty
+		sink.request(dr, false, nil)                // served, empty
 		sink.request("not/served/here", false, nil) // not served: empty state, stream stays up
 		got := map[string][]string{}
 		nonces := map[string]bool{}
@@ -232,8 +232,8 @@ func TestSourceToleratesOddRequests(t *testing.T) {
 		c := NewCache(vs)
 		c.Put(vs, entry(t, "ns/a", "1"))
 		sink := newRawSink(t, newTestSource(t, c), d)
-		sink.sendReq(&mcppb.RequestResources{})                                   // no collection
-		sink.sendReq(&mcppb.RequestResources{Collection: TriggerCollection})      // trigger echo
+		sink.sendReq(&mcppb.RequestResources{})                                    // no collection
+		sink.sendReq(&mcppb.RequestResources{Collection: TriggerCollection})       // trigger echo
 		sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: "42"}) // first request with a nonce (istiod does)
 		m := sink.next()
 		if m.Collection != vs || !equal(names(m), []string{"ns/a@1"}) {

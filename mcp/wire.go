@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"unicode/utf8"
 
-	mcpapi "istio.io/api/mcp/v1alpha1"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	mcpapi "istio.io/api/mcp/v1alpha1"
 )
 
 // Field numbers of istio.mcp.v1alpha1.Resources, Resource and Metadata, as on the wire.
@@ -88,6 +89,23 @@ func (e *Entry) Decode() (*mcpapi.Resource, error) {
 	return r, nil
 }
 
+// decodeEntry fully validates an encoded Resource received from a peer (wire format, UTF-8,
+// metadata.name) and returns it as an Entry that keeps b, and decoded.
+func decodeEntry(b []byte) (*Entry, *mcpapi.Resource, error) {
+	r := new(mcpapi.Resource)
+	if err := proto.Unmarshal(b, r); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidResource, err)
+	}
+	md := r.GetMetadata()
+	if md == nil {
+		return nil, nil, fmt.Errorf("%w: metadata is missing", ErrInvalidResource)
+	}
+	if md.GetName() == "" {
+		return nil, nil, fmt.Errorf("%w: metadata.name is empty", ErrInvalidResource)
+	}
+	return &Entry{Name: md.GetName(), Version: md.GetVersion(), Encoded: b}, r, nil
+}
+
 // scanResourceMeta reads metadata.name and metadata.version from an encoded Resource.
 func scanResourceMeta(b []byte) (name, version string, err error) {
 	var md []byte
@@ -111,6 +129,9 @@ func scanResourceMeta(b []byte) (name, version string, err error) {
 			if typ != protowire.BytesType {
 				return fmt.Errorf("metadata field %d has the wrong wire type", num)
 			}
+			if !utf8.Valid(v) {
+				return fmt.Errorf("metadata field %d is not valid UTF-8", num)
+			}
 			if num == fieldMetadataName {
 				name = string(v)
 			} else {
@@ -131,6 +152,9 @@ func forEachField(b []byte, fn func(num protowire.Number, typ protowire.Type, v 
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return fmt.Errorf("bad field tag: %v", protowire.ParseError(n))
+		}
+		if num > protowire.MaxValidNumber {
+			return fmt.Errorf("field number %d out of range", num)
 		}
 		b = b[n:]
 		var v []byte
@@ -213,6 +237,7 @@ type push struct {
 	SystemVersionInfo string
 	Collection        string
 	Entries           []*Entry
+	Resources         []*mcpapi.Resource // Entries decoded, same order
 	Removed           []string
 	Nonce             string
 	Incremental       bool
@@ -226,8 +251,13 @@ func parsePush(b []byte) (*push, error) {
 	idx := 0
 	var resErr error // the first bad resource; parsing goes on so the nonce is still found
 	err := forEachField(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
-		if num >= fieldResourcesSystemVersion && num <= fieldResourcesNonce && typ != protowire.BytesType {
-			return fmt.Errorf("field %d has wire type %d, want bytes", num, typ)
+		if num >= fieldResourcesSystemVersion && num <= fieldResourcesNonce {
+			if typ != protowire.BytesType {
+				return fmt.Errorf("field %d has wire type %d, want bytes", num, typ)
+			}
+			if num != fieldResourcesResources && !utf8.Valid(v) {
+				return fmt.Errorf("field %d is not valid UTF-8", num)
+			}
 		}
 		switch num {
 		case fieldResourcesSystemVersion:
@@ -235,13 +265,14 @@ func parsePush(b []byte) (*push, error) {
 		case fieldResourcesCollection:
 			p.Collection = string(v)
 		case fieldResourcesResources:
-			e, err := EntryFromBytes(v)
+			e, r, err := decodeEntry(v)
 			if err != nil {
 				if resErr == nil {
 					resErr = fmt.Errorf("resources[%d]: %w", idx, err)
 				}
 			} else {
 				p.Entries = append(p.Entries, e)
+				p.Resources = append(p.Resources, r)
 			}
 			idx++
 		case fieldResourcesRemoved:
