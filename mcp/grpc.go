@@ -2,7 +2,9 @@ package mcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -202,7 +204,7 @@ func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) e
 	// Like Istio's source, speak first: some proxies only forward a stream once the client
 	// has sent a message. Sinks ignore it (Istio's NACKs it, and Serve ignores that NACK).
 	if err := st.SendMsg(&mcppb.Resources{Collection: TriggerCollection}); err != nil {
-		return fmt.Errorf("send trigger to %s: %w", target(conn), err)
+		return clientError(parent, fmt.Errorf("send trigger to %s: %w", target(conn), sendError(st, err)))
 	}
 	return clientError(parent, s.Serve(ctx, st, newStreamInfo("source", "client", target(conn), "")))
 }
@@ -227,4 +229,21 @@ func clientError(parent context.Context, err error) error {
 		return parent.Err()
 	}
 	return err
+}
+
+// sendError returns the real reason a send failed on a stream that no goroutine is reading
+// (see streamEnd for streams being served).
+func sendError(st MsgStream, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	var discard rawFrame
+	for {
+		if rerr := st.RecvMsg(&discard); rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return err
+			}
+			return rerr
+		}
+	}
 }

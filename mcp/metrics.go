@@ -80,36 +80,12 @@ func kind(incremental bool) string {
 	return "full"
 }
 
-func (m *Metrics) push(collection string, incremental bool, bytes int) {
-	if m == nil {
-		return
-	}
-	m.pushes.WithLabelValues("source", collection, kind(incremental)).Inc()
-	m.bytes.WithLabelValues("source", "sent").Add(float64(bytes))
-}
-
 func (m *Metrics) received(collection string, incremental bool, bytes int) {
 	if m == nil {
 		return
 	}
 	m.pushes.WithLabelValues("sink", collection, kind(incremental)).Inc()
 	m.bytes.WithLabelValues("sink", "received").Add(float64(bytes))
-}
-
-func (m *Metrics) ack(collection string, latency time.Duration) {
-	if m == nil {
-		return
-	}
-	m.acks.WithLabelValues("source", collection).Inc()
-	m.ackLatency.WithLabelValues(collection).Observe(latency.Seconds())
-}
-
-func (m *Metrics) nack(collection string, code codes.Code, latency time.Duration) {
-	if m == nil {
-		return
-	}
-	m.nacks.WithLabelValues("source", collection, code.String()).Inc()
-	m.ackLatency.WithLabelValues(collection).Observe(latency.Seconds())
 }
 
 func (m *Metrics) sinkAck(collection string, code codes.Code, bytes int) {
@@ -143,4 +119,56 @@ func (m *Metrics) pushError(collection, reason string) {
 		return
 	}
 	m.pushErrors.WithLabelValues(collection, reason).Inc()
+}
+
+// sourceCollectionMetrics are one collection's source-side series, bound once per
+// subscription so the push and ACK paths do no label lookups. Nil-safe.
+type sourceCollectionMetrics struct {
+	pushFull, pushIncr, acks, bytesSent prometheus.Counter
+	latency                             prometheus.Observer
+	m                                   *Metrics
+	collection                          string
+}
+
+func (m *Metrics) sourceCollection(collection string) *sourceCollectionMetrics {
+	if m == nil {
+		return nil
+	}
+	return &sourceCollectionMetrics{
+		pushFull:   m.pushes.WithLabelValues("source", collection, "full"),
+		pushIncr:   m.pushes.WithLabelValues("source", collection, "incremental"),
+		acks:       m.acks.WithLabelValues("source", collection),
+		bytesSent:  m.bytes.WithLabelValues("source", "sent"),
+		latency:    m.ackLatency.WithLabelValues(collection),
+		m:          m,
+		collection: collection,
+	}
+}
+
+func (c *sourceCollectionMetrics) push(incremental bool, bytes int) {
+	if c == nil {
+		return
+	}
+	if incremental {
+		c.pushIncr.Inc()
+	} else {
+		c.pushFull.Inc()
+	}
+	c.bytesSent.Add(float64(bytes))
+}
+
+func (c *sourceCollectionMetrics) ack(latency time.Duration) {
+	if c == nil {
+		return
+	}
+	c.acks.Inc()
+	c.latency.Observe(latency.Seconds())
+}
+
+func (c *sourceCollectionMetrics) nack(code codes.Code, latency time.Duration) {
+	if c == nil {
+		return
+	}
+	c.m.nacks.WithLabelValues("source", c.collection, code.String()).Inc()
+	c.latency.Observe(latency.Seconds())
 }

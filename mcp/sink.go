@@ -175,7 +175,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 			Incremental:             !k.opts.FullStateOnly,
 		}
 		if err := k.send(st, req); err != nil {
-			return fmt.Errorf("send request for %s: %w", c, err)
+			return fmt.Errorf("send request for %s: %w", c, streamEnd(ctx, err, recvErr))
 		}
 	}
 
@@ -190,7 +190,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 			return err
 		case b := <-frames:
 			if err := k.handle(ctx, st, info, log, requested, b); err != nil {
-				return err
+				return streamEnd(ctx, err, recvErr)
 			}
 		}
 	}
@@ -253,7 +253,7 @@ func (k *Sink) handle(ctx context.Context, st MsgStream, info *StreamInfo, log *
 		req.ErrorDetail = s.Proto()
 		ev.Code, ev.Message = s.Code(), s.Message()
 		clog.Warn("rejecting push (NACK)", logNonce, p.Nonce, "code", s.Code().String(), "message", s.Message())
-	} else {
+	} else if clog.Enabled(ctx, slog.LevelDebug) {
 		clog.Debug("applied push (ACK)", logNonce, p.Nonce, "incremental", p.Incremental, "resources", len(p.Entries), "removed", len(p.Removed))
 	}
 	if serr := k.send(st, req); serr != nil {

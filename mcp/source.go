@@ -145,12 +145,12 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 		case req := <-reqs:
 			m.addBytesReceived("source", proto.Size(req))
 			if err := ss.handle(req); err != nil {
-				return err
+				return streamEnd(ctx, err, recvErr)
 			}
 		case <-ss.wake:
 		}
 		if err := ss.pushReady(); err != nil {
-			return err
+			return streamEnd(ctx, err, recvErr)
 		}
 	}
 }
@@ -172,6 +172,7 @@ type sourceStream struct {
 type sourceCollection struct {
 	name        string
 	log         *slog.Logger
+	metrics     *sourceCollectionMetrics
 	coll        Collection // nil when the collection is not served: the sink gets empty state
 	cancel      func()
 	dirty       atomic.Bool // set by the watcher's notify
@@ -261,6 +262,7 @@ func (ss *sourceStream) subscribe(name string, req *mcppb.RequestResources) {
 	c := &sourceCollection{
 		name:        name,
 		log:         ss.log.With(logCollection, name),
+		metrics:     ss.src.opts.Metrics.sourceCollection(name),
 		incremental: req.GetIncremental(),
 		resume:      req.GetInitialResourceVersions(),
 	}
@@ -291,7 +293,6 @@ func (ss *sourceStream) subscribe(name string, req *mcppb.RequestResources) {
 // ack completes the pending push of c with an ACK (detail nil) or a NACK.
 func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error {
 	p := c.pending
-	m := ss.src.opts.Metrics
 	latency := ss.src.opts.Now().Sub(p.sentAt)
 	ev := AckEvent{Collection: c.name, Nonce: p.nonce, Version: p.version, Latency: latency}
 	if detail != nil {
@@ -300,13 +301,13 @@ func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error
 		c.pending = nil
 		c.pushed = true
 		c.failed, c.failedVer = true, p.version
-		m.nack(c.name, ev.Code, latency)
+		c.metrics.nack(ev.Code, latency)
 		c.log.Warn("sink rejected push (NACK); not resending until the collection changes",
 			logNonce, p.nonce, logVersion, p.version, "code", ev.Code.String(), "message", ev.Message)
 		ss.src.opts.Hooks.acked(ss.info, ev)
 		return nil
 	}
-	m.ack(c.name, latency)
+	c.metrics.ack(latency)
 	ss.src.opts.Hooks.acked(ss.info, ev)
 	if len(p.rest) > 0 {
 		next := p.rest[0]
@@ -464,9 +465,11 @@ func (ss *sourceStream) send(c *sourceCollection, body []byte, version uint64, i
 		return fmt.Errorf("send push of %s: %w", c.name, err)
 	}
 	n := f.size()
-	ss.src.opts.Metrics.push(c.name, incremental, n)
+	c.metrics.push(incremental, n)
 	ss.src.opts.Hooks.pushed(ss.info, PushEvent{Collection: c.name, Nonce: nonce, Version: version, Incremental: incremental, Resources: resources, Bytes: n})
-	c.log.Debug("pushed", logNonce, nonce, logVersion, version, "incremental", incremental, "resources", resources, "bytes", n)
+	if c.log.Enabled(context.Background(), slog.LevelDebug) { // the hot path: skip boxing the args
+		c.log.Debug("pushed", logNonce, nonce, logVersion, version, "incremental", incremental, "resources", resources, "bytes", n)
+	}
 	return nil
 }
 
@@ -496,4 +499,21 @@ func diffDeclared(entries []*Entry, declared map[string]string) (updated []*Entr
 		sort.Strings(removed)
 	}
 	return updated, removed
+}
+
+// streamEnd returns the real reason a send failed. gRPC reports a bare io.EOF from SendMsg
+// once the stream has ended; the status (PermissionDenied, Unavailable, ...) comes from
+// RecvMsg, which the stream's receive goroutine reports on recvErr.
+func streamEnd(ctx context.Context, sendErr error, recvErr <-chan error) error {
+	if !errors.Is(sendErr, io.EOF) {
+		return sendErr
+	}
+	select {
+	case err := <-recvErr:
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("%w (%w)", err, sendErr)
+		}
+	case <-ctx.Done():
+	}
+	return sendErr
 }

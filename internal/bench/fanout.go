@@ -1,0 +1,344 @@
+// Package bench holds the scenarios behind `make bench` (cmd/mcpbench) and the Go
+// benchmarks: each measures the engine and, in the same run, a raw-gRPC baseline doing the
+// same transport work, so results on a noisy machine are read as ratios.
+//
+// It is test and tooling code; nothing in the product imports it.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// Collection is the collection every scenario uses.
+const Collection = "istio/networking/v1alpha3/virtualservices"
+
+// FanoutConfig describes one fan-out scenario.
+type FanoutConfig struct {
+	// Streams is the number of sink streams.
+	Streams int
+	// Resources in the collection.
+	Resources int
+	// Changes is the number of one-resource changes measured.
+	Changes int
+	// Incremental sinks get one-resource deltas; otherwise every push is the full state.
+	Incremental bool
+	// ResourceBytes is the approximate size of one resource's body.
+	ResourceBytes int
+}
+
+// Result is what one scenario measured.
+type Result struct {
+	// PerChange is the wall time from a change to the last stream's ACK, averaged.
+	PerChange time.Duration
+	// ResourceEncodes and BodyEncodes per change (engine runs only).
+	ResourceEncodes, BodyEncodes float64
+	// BytesPerChange pushed to all streams together.
+	BytesPerChange float64
+	// AllocsPerChange over the whole process (server and clients).
+	AllocsPerChange float64
+}
+
+// Resource returns resource i at version v with a body of about size bytes.
+func Resource(i, v, size int) *mcpapi.Resource {
+	pad := make([]byte, size)
+	for j := range pad {
+		pad[j] = 'a' + byte((i+j)%26)
+	}
+	body, _ := anypb.New(wrapperspb.String(string(pad)))
+	return &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: fmt.Sprintf("bench/r%06d", i), Version: strconv.Itoa(v)}, Body: body}
+}
+
+// ackClients opens n ResourceSource streams to addr that receive pushes undecoded, ACK each
+// at once and report every receipt on got. They stop when ctx ends.
+func ackClients(ctx context.Context, addr string, n int, incremental bool, got chan<- int) (wait func(), err error) {
+	perConn := 100
+	var conns []*grpc.ClientConn
+	var wg sync.WaitGroup
+	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	for i := 0; i < n; i++ {
+		if i%perConn == 0 {
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, err
+			}
+			conns = append(conns, cc)
+		}
+		cc := conns[len(conns)-1]
+		st, err := cc.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.SendMsg(&mcppb.RequestResources{Collection: Collection, Incremental: incremental}); err != nil {
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				var f rawMsg
+				if err := st.RecvMsg(&f); err != nil {
+					return
+				}
+				nonce := scanNonce(f.b)
+				if err := st.SendMsg(&mcppb.RequestResources{Collection: Collection, ResponseNonce: nonce, Incremental: incremental}); err != nil {
+					return
+				}
+				select {
+				case got <- len(f.b):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	return func() {
+		wg.Wait()
+		for _, cc := range conns {
+			cc.Close()
+		}
+	}, nil
+}
+
+// rawMsg is a message sent or received as bytes: b, then tail (the nonce field), sent
+// without copying.
+type rawMsg struct{ b, tail []byte }
+
+type rawCodec struct{ proto encoding.CodecV2 }
+
+func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*rawMsg); ok {
+		return mem.BufferSlice{mem.SliceBuffer(r.b), mem.SliceBuffer(r.tail)}, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*rawMsg); ok {
+		r.b = data.Materialize()
+		return nil
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// scanNonce finds field 5 (nonce) of a Resources message without decoding the rest.
+func scanNonce(b []byte) string {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return ""
+		}
+		if num == 5 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			return string(v)
+		}
+		b = b[m:]
+	}
+	return ""
+}
+
+func listen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// measure runs cfg.Changes changes through change() and waits, after each, for all streams
+// to receive and ACK it.
+func measure(cfg FanoutConfig, got <-chan int, change func(i int)) (time.Duration, float64, float64) {
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	var bytes int
+	start := time.Now()
+	for i := 1; i <= cfg.Changes; i++ {
+		change(i)
+		for range cfg.Streams {
+			bytes += <-got
+		}
+	}
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	n := float64(cfg.Changes)
+	return elapsed / time.Duration(cfg.Changes), float64(bytes) / n, float64(ms1.Mallocs-ms0.Mallocs) / n
+}
+
+// EngineFanout measures the engine: a SourceServer over a Cache, cfg.Streams ACKing clients.
+func EngineFanout(cfg FanoutConfig) (Result, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cache := mcp.NewCache(Collection)
+	for i := range cfg.Resources {
+		if _, err := cache.PutResources(Collection, Resource(i, 0, cfg.ResourceBytes)); err != nil {
+			return Result{}, err
+		}
+	}
+	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: cache, Logger: quietLogger()})
+	if err != nil {
+		return Result{}, err
+	}
+	lis, err := listen()
+	if err != nil {
+		return Result{}, err
+	}
+	srv := grpc.NewServer(mcp.ServerOptions()...)
+	mcp.NewSourceServer(src, mcp.ServerConfig{Logger: quietLogger(), StreamRate: 1e9, StreamBurst: 1 << 30}).Register(srv)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	got := make(chan int, cfg.Streams)
+	wait, err := ackClients(ctx, lis.Addr().String(), cfg.Streams, cfg.Incremental, got)
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { cancel(); srv.Stop(); wait() }()
+	for range cfg.Streams { // initial state
+		<-got
+	}
+	changes := make([]*mcpapi.Resource, cfg.Changes+1) // built outside the measurement, as the baseline's
+	for i := 1; i <= cfg.Changes; i++ {
+		changes[i] = Resource(i%max(cfg.Resources, 1), i, cfg.ResourceBytes)
+	}
+	r0, b0 := mcp.ResourceEncodes(), mcp.BodyEncodes()
+	per, bytes, allocs := measure(cfg, got, func(i int) {
+		e, err := mcp.NewEntry(changes[i]) // marshaling the change is the engine's work
+		if err != nil {
+			panic(err)
+		}
+		cache.Put(Collection, e)
+	})
+	n := float64(cfg.Changes)
+	return Result{
+		PerChange:       per,
+		ResourceEncodes: float64(mcp.ResourceEncodes()-r0) / n,
+		BodyEncodes:     float64(mcp.BodyEncodes()-b0) / n,
+		BytesPerChange:  bytes,
+		AllocsPerChange: allocs,
+	}, nil
+}
+
+// BaselineFanout measures raw gRPC doing the same transport work: a bare ResourceSource
+// handler that sends every stream the same pre-encoded message (what the engine would send)
+// and reads its ACK, with no engine in between.
+func BaselineFanout(cfg FanoutConfig) (Result, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgFor := func(version int) []byte {
+		var rs []*mcpapi.Resource
+		switch {
+		case version == 0 || !cfg.Incremental:
+			for i := range cfg.Resources {
+				v := 0
+				if version > 0 && i == version%max(cfg.Resources, 1) {
+					v = version
+				}
+				rs = append(rs, Resource(i, v, cfg.ResourceBytes))
+			}
+		default:
+			rs = []*mcpapi.Resource{Resource(version%max(cfg.Resources, 1), version, cfg.ResourceBytes)}
+		}
+		b, _ := proto.Marshal(&mcppb.Resources{Collection: Collection, SystemVersionInfo: strconv.Itoa(version), Resources: rs, Incremental: cfg.Incremental && version > 0})
+		return b
+	}
+	var mu sync.Mutex // guards current, version, done
+	cond := sync.NewCond(&mu)
+	current, version, done := msgFor(0), 0, false
+
+	lis, err := listen()
+	if err != nil {
+		return Result{}, err
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")}))
+	mcppb.RegisterResourceSourceServer(srv, &baselineServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
+		sent := -1
+		nonce := 0
+		req := new(mcppb.RequestResources)
+		if err := st.RecvMsg(req); err != nil {
+			return err
+		}
+		for {
+			mu.Lock()
+			for version == sent && !done {
+				cond.Wait()
+			}
+			msg, v, stop := current, version, done
+			mu.Unlock()
+			if stop {
+				return nil
+			}
+			nonce++
+			if err := st.SendMsg(&rawMsg{b: msg, tail: nonceBytes(strconv.Itoa(nonce))}); err != nil {
+				return err
+			}
+			sent = v
+			if err := st.RecvMsg(req); err != nil {
+				return err
+			}
+		}
+	}})
+	go srv.Serve(lis)
+	stopped := make(chan struct{})
+	go func() { // wake handlers blocked in cond.Wait when the run ends
+		<-ctx.Done()
+		mu.Lock()
+		done = true
+		cond.Broadcast()
+		mu.Unlock()
+		close(stopped)
+	}()
+	got := make(chan int, cfg.Streams)
+	wait, err := ackClients(ctx, lis.Addr().String(), cfg.Streams, cfg.Incremental, got)
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { cancel(); <-stopped; srv.Stop(); wait() }()
+	for range cfg.Streams {
+		<-got
+	}
+	msgs := make([][]byte, cfg.Changes+1) // pre-encoded: the baseline pays no encoding
+	for i := 1; i <= cfg.Changes; i++ {
+		msgs[i] = msgFor(i)
+	}
+	per, bytes, allocs := measure(cfg, got, func(i int) {
+		mu.Lock()
+		current, version = msgs[i], i
+		cond.Broadcast()
+		mu.Unlock()
+	})
+	return Result{PerChange: per, BytesPerChange: bytes, AllocsPerChange: allocs}, nil
+}
+
+func nonceBytes(nonce string) []byte {
+	b := protowire.AppendTag(nil, 5, protowire.BytesType)
+	return protowire.AppendString(b, nonce)
+}
+
+type baselineServer struct {
+	mcppb.UnimplementedResourceSourceServer
+	fn func(grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error
+}
+
+func (s *baselineServer) EstablishResourceStream(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
+	return s.fn(st)
+}
