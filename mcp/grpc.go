@@ -215,7 +215,11 @@ func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) e
 func (k *Sink) PullFrom(parent context.Context, conn grpc.ClientConnInterface) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	st, err := conn.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, callOptions()...)
+	opts := callOptions()
+	if k.opts.MaxMessageSize > 0 {
+		opts = append(opts, grpc.MaxCallRecvMsgSize(k.opts.MaxMessageSize))
+	}
+	st, err := conn.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, opts...)
 	if err != nil {
 		return clientError(parent, fmt.Errorf("open ResourceSource stream to %s: %w", target(conn), err))
 	}

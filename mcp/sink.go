@@ -68,6 +68,9 @@ type SinkOptions struct {
 	// caller that keeps its own store, like the hub). Otherwise the Sink tracks the versions
 	// it has applied and declares those, so a new stream resumes where the last one ended.
 	InitialVersions func(collection string) map[string]string
+	// MaxMessageSize is the largest push accepted on streams the Sink opens (PullFrom).
+	// Default 4 MiB, gRPC's. Servers set theirs with grpc.MaxRecvMsgSize.
+	MaxMessageSize int
 	// Logger for stream events. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, or nil for none.
@@ -104,6 +107,9 @@ func NewSink(opts SinkOptions) (*Sink, error) {
 	}
 	if opts.Applier == nil {
 		return nil, errors.New("mcp: SinkOptions.Applier is required")
+	}
+	if opts.MaxMessageSize < 0 {
+		return nil, fmt.Errorf("mcp: SinkOptions.MaxMessageSize %d is negative", opts.MaxMessageSize)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
