@@ -101,6 +101,11 @@ func (c *Cache) PutResources(collection string, resources ...*mcpapi.Resource) (
 	return c.Put(collection, entries...), nil
 }
 
+// Update adds or updates put and deletes remove in one change (one version step).
+func (c *Cache) Update(collection string, put []*Entry, remove []string) uint64 {
+	return c.collection(collection).apply(put, remove, false)
+}
+
 // Remove deletes the named entries in one change. Unknown names are ignored.
 func (c *Cache) Remove(collection string, names ...string) uint64 {
 	return c.collection(collection).apply(nil, names, false)

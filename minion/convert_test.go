@@ -3,6 +3,8 @@ package minion
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -170,3 +172,7 @@ func FuzzConvert(f *testing.F) {
 		}
 	})
 }
+
+func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }
+
+func sortStrings(s []string) { sort.Strings(s) }

@@ -1,0 +1,61 @@
+package minion
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the minion's Prometheus metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	objectsGauge  *prometheus.GaugeVec
+	conversions   *prometheus.CounterVec
+	problemsGauge *prometheus.GaugeVec
+	rejections    *prometheus.CounterVec
+	connected     *prometheus.GaugeVec
+	connects      *prometheus.CounterVec
+}
+
+// NewMetrics creates the minion's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns, sub = "meshfed", "minion"
+	m := &Metrics{
+		objectsGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "objects",
+			Help: "Objects a source currently publishes, by source and collection."}, []string{"source", "collection"}),
+		conversions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "conversions_total",
+			Help: "Object conversions, by collection and result (ok|invalid)."}, []string{"collection", "result"}),
+		problemsGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "source_problems",
+			Help: "Current input problems (syntax errors, invalid objects) per source."}, []string{"source"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "hub_rejections_total",
+			Help: "Resources the hub rejected, by collection."}, []string{"collection"}),
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "destination_connected",
+			Help: "1 while the push stream to a destination is up."}, []string{"destination"}),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "destination_connects_total",
+			Help: "Connection attempts to a destination, by result (ok|error)."}, []string{"destination", "result"}),
+	}
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects)
+	return m
+}
+
+func (m *Metrics) conversion(collection string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "invalid"
+	}
+	m.conversions.WithLabelValues(collection, result).Inc()
+}
+
+func (m *Metrics) objects(source, collection string, n int) {
+	if m == nil {
+		return
+	}
+	m.objectsGauge.WithLabelValues(source, collection).Set(float64(n))
+}
+
+func (m *Metrics) problems(source string, n int) {
+	if m == nil {
+		return
+	}
+	m.problemsGauge.WithLabelValues(source).Set(float64(n))
+}
