@@ -3,6 +3,8 @@ package mcp
 import (
 	"time"
 
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+
 	"google.golang.org/grpc/codes"
 )
 
@@ -40,6 +42,9 @@ type AckEvent struct {
 	Latency    time.Duration // source side: push to ACK
 	Code       codes.Code
 	Message    string
+	// Detail is the NACK's full error_detail (nil for an ACK); Rejections reads the
+	// per-resource rejections from it.
+	Detail *rpcstatus.Status
 }
 
 func (h *Hooks) streamOpened(i *StreamInfo) {

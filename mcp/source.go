@@ -298,6 +298,7 @@ func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error
 	if detail != nil {
 		ev.Code = codes.Code(detail.GetCode())
 		ev.Message = detail.GetMessage()
+		ev.Detail = detail
 		c.pending = nil
 		c.pushed = true
 		c.failed, c.failedVer = true, p.version

@@ -282,3 +282,25 @@ func TestSourceSplitsIncrementalPushesAndRefusesOversizedFullState(t *testing.T)
 		}
 	})
 }
+
+func TestRejectionsRoundTrip(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/ok", "1"), entry(t, "ns/bad", "1"), entry(t, "ns/worse", "1"))
+		acks := make(chan AckEvent, 4)
+		src := newTestSource(t, c, func(o *SourceOptions) { o.Hooks.Acked = func(_ *StreamInfo, e AckEvent) { acks <- e } })
+		rec := newRecorder()
+		rec.reject = func(ch *Change) error {
+			return RejectionError(codes.PermissionDenied, ch.Collection, []Rejection{
+				{Resource: "ns/bad", Reason: `host "x.com" is owned by cluster east`},
+				{Resource: "ns/worse", Reason: `namespace "ns" is not owned by this cluster`},
+			})
+		}
+		pair(t, d, src, newTestSink(t, rec, []string{vs}))
+		ev := <-acks
+		got := Rejections(ev.Detail)
+		if ev.Code != codes.PermissionDenied || len(got) != 2 || got[0].Resource != "ns/bad" || got[1].Reason != `namespace "ns" is not owned by this cluster` {
+			t.Fatalf("NACK = %v %q, rejections %+v", ev.Code, ev.Message, got)
+		}
+	})
+}

@@ -1,0 +1,35 @@
+// Command minion runs meshfed's per-cluster agent: it watches the configured sources and
+// publishes them to the hub. With no -config it runs DefaultConfig (the example files,
+// pushing to a hub on 127.0.0.1:9901).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/meshfed/meshfed/minion"
+)
+
+func main() {
+	config := flag.String("config", "", "configuration file (YAML); watched and reloaded on change")
+	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	flag.Parse()
+
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(os.Stderr, "minion: -log-level: %v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := minion.RunWithReload(ctx, *config, log, minion.NewTelemetry()); err != nil {
+		log.Error("minion stopped", "err", err)
+		os.Exit(1)
+	}
+}

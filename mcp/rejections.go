@@ -1,0 +1,55 @@
+package mcp
+
+import (
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Rejection is one resource a sink refused to apply, as a NACK reports it.
+type Rejection struct {
+	// Resource is the resource's metadata.name.
+	Resource string
+	// Reason says why, for a human (and for an Event on the source object).
+	Reason string
+}
+
+// RejectionError builds the error an Applier returns to NACK a push while naming every
+// resource it refused. The NACK's error_detail then has code, a summary message, and one
+// google.rpc.BadRequest detail whose field violations are the rejections (field = resource
+// name, description = reason), which Rejections reads back. Any gRPC peer can read it.
+func RejectionError(code codes.Code, collection string, rejected []Rejection) error {
+	br := &errdetails.BadRequest{}
+	for _, r := range rejected {
+		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: r.Resource, Description: r.Reason})
+	}
+	msg := fmt.Sprintf("%s: %d resource(s) rejected", collection, len(rejected))
+	if len(rejected) > 0 {
+		msg += fmt.Sprintf("; first: %s: %s", rejected[0].Resource, rejected[0].Reason)
+	}
+	s, err := status.New(code, msg).WithDetails(br)
+	if err != nil { // only if the detail cannot be marshaled
+		return status.Error(code, msg)
+	}
+	return s.Err()
+}
+
+// Rejections returns the per-resource rejections a NACK's error detail carries (see
+// RejectionError); nil when it names none.
+func Rejections(detail *rpcstatus.Status) []Rejection {
+	if detail == nil {
+		return nil
+	}
+	var out []Rejection
+	for _, d := range status.FromProto(detail).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				out = append(out, Rejection{Resource: v.GetField(), Reason: v.GetDescription()})
+			}
+		}
+	}
+	return out
+}

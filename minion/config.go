@@ -1,0 +1,313 @@
+package minion
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+// Config is the minion's configuration file (YAML). Every field is optional except where
+// said; DefaultConfig is what runs with no file.
+type Config struct {
+	// Cluster names this cluster in logs and events. The hub identifies the cluster by its
+	// transport identity, never by this name.
+	Cluster string `json:"cluster"`
+	// Sources are read in this order; on a name clash the first wins. Required.
+	Sources []SourceConfig `json:"sources"`
+	// Collections to publish. Default: every built-in Istio collection.
+	Collections []string `json:"collections,omitempty"`
+	// Kinds adds collections beyond the built-in table (or overrides one).
+	Kinds []Kind `json:"kinds,omitempty"`
+	// Destinations say where to publish. At least one push destination or a listen
+	// address is required.
+	Destinations DestinationsConfig `json:"destinations"`
+	// HTTP is the address of /healthz, /readyz, /metrics, /status and /debug/pprof.
+	// Empty disables it. Default 127.0.0.1:9902.
+	HTTP string `json:"http,omitempty"`
+	// MaxMessageSize is the largest push sent, in bytes. Default 4 MiB − 1 KiB.
+	MaxMessageSize int `json:"maxMessageSize,omitempty"`
+}
+
+// SourceConfig is one source of configuration objects.
+type SourceConfig struct {
+	// URL is one of:
+	//   k8s://                         in-cluster credentials
+	//   k8s:///path/to/kubeconfig[?context=NAME]
+	//   fs:///absolute/dir  or fs://relative/dir
+	//   mcp://host:port                an upstream MCP source (ResourceSource) to follow
+	URL string `json:"url"`
+	// Namespaces limits a k8s:// source to these namespaces (default: all).
+	Namespaces []string `json:"namespaces,omitempty"`
+	// LabelSelector limits a k8s:// source to matching objects, e.g. "mesh=shared".
+	LabelSelector string `json:"labelSelector,omitempty"`
+	// Resync is a k8s:// source's informer resync period. Default 10m; 0s disables it.
+	Resync *Duration `json:"resync,omitempty"`
+}
+
+// DestinationsConfig says where the minion publishes.
+type DestinationsConfig struct {
+	// Push lists push://host:port URLs of the hub; a URL may list several addresses
+	// (push://a:9901,b:9901), tried in turn. The minion dials out and keeps one stream up.
+	Push []string `json:"push,omitempty"`
+	// Listen, if set, serves ResourceSource on this address for a hub that polls.
+	Listen string `json:"listen,omitempty"`
+	// Backoff bounds the reconnect delay: it starts at Initial, doubles to Max, with jitter.
+	Backoff BackoffConfig `json:"backoff,omitempty"`
+}
+
+// BackoffConfig is an exponential backoff with jitter.
+type BackoffConfig struct {
+	Initial Duration `json:"initial,omitempty"`
+	Max     Duration `json:"max,omitempty"`
+}
+
+// Duration is a time.Duration written as "10s", "5m". A value that does not parse is kept
+// as an error that Validate reports with the field's name.
+type Duration struct {
+	time.Duration
+	err error
+}
+
+// UnmarshalJSON parses a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		d.err = fmt.Errorf("%s is not a duration string like \"10s\"", b)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		d.err = fmt.Errorf("%q is not a duration (want e.g. \"10s\", \"5m\")", s)
+	case v < 0:
+		d.err = fmt.Errorf("duration %q is negative", s)
+	default:
+		d.Duration, d.err = v, nil
+	}
+	return nil
+}
+
+// check returns the parse error of d, naming field.
+func (d *Duration) check(field string) error {
+	if d != nil && d.err != nil {
+		return fmt.Errorf("%s: %w", field, d.err)
+	}
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// DefaultConfig runs on one machine: the example files, a hub on localhost.
+func DefaultConfig() *Config {
+	return &Config{
+		Cluster:      "dev",
+		Sources:      []SourceConfig{{URL: "fs://examples/clusters/east"}},
+		Destinations: DestinationsConfig{Push: []string{"push://127.0.0.1:9901"}},
+		HTTP:         "127.0.0.1:9902",
+	}
+}
+
+// LoadConfig reads and validates a configuration file. Unknown fields are errors.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses and validates a configuration.
+func ParseConfig(data []byte) (*Config, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not valid YAML: %v", err)
+	}
+	cfg := &Config{HTTP: "127.0.0.1:9902"}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		return nil, fmt.Errorf("%v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Validate checks the configuration and fills defaults. Errors name the field.
+func (c *Config) Validate() error {
+	if len(c.Sources) == 0 {
+		return errors.New("sources: at least one source is required")
+	}
+	for i, s := range c.Sources {
+		if _, err := parseSourceURL(s.URL); err != nil {
+			return fmt.Errorf("sources[%d].url: %w", i, err)
+		}
+		if s.LabelSelector != "" {
+			if _, err := labels.Parse(s.LabelSelector); err != nil {
+				return fmt.Errorf("sources[%d].labelSelector: %v", i, err)
+			}
+		}
+		if err := s.Resync.check(fmt.Sprintf("sources[%d].resync", i)); err != nil {
+			return err
+		}
+		if (len(s.Namespaces) > 0 || s.LabelSelector != "" || s.Resync != nil) && !strings.HasPrefix(s.URL, "k8s:") {
+			return fmt.Errorf("sources[%d]: namespaces, labelSelector and resync apply to k8s:// sources only", i)
+		}
+	}
+	for i, k := range c.Kinds {
+		if err := k.validate(); err != nil {
+			return fmt.Errorf("kinds[%d]: %w", i, err)
+		}
+	}
+	if _, err := c.ResolveKinds(); err != nil {
+		return err
+	}
+	if len(c.Destinations.Push) == 0 && c.Destinations.Listen == "" {
+		return errors.New("destinations: set push, listen, or both")
+	}
+	for i, p := range c.Destinations.Push {
+		if _, err := parsePushURL(p); err != nil {
+			return fmt.Errorf("destinations.push[%d]: %w", i, err)
+		}
+	}
+	if l := c.Destinations.Listen; l != "" {
+		if _, _, err := net.SplitHostPort(l); err != nil {
+			return fmt.Errorf("destinations.listen: %v", err)
+		}
+	}
+	if c.HTTP != "" {
+		if _, _, err := net.SplitHostPort(c.HTTP); err != nil {
+			return fmt.Errorf("http: %v", err)
+		}
+	}
+	if c.MaxMessageSize < 0 {
+		return fmt.Errorf("maxMessageSize: %d is negative", c.MaxMessageSize)
+	}
+	b := &c.Destinations.Backoff
+	if err := b.Initial.check("destinations.backoff.initial"); err != nil {
+		return err
+	}
+	if err := b.Max.check("destinations.backoff.max"); err != nil {
+		return err
+	}
+	if b.Initial.Duration == 0 {
+		b.Initial.Duration = 100 * time.Millisecond
+	}
+	if b.Max.Duration == 0 {
+		b.Max.Duration = 30 * time.Second
+	}
+	if b.Max.Duration < b.Initial.Duration {
+		return fmt.Errorf("destinations.backoff: max %v is below initial %v", b.Max, b.Initial)
+	}
+	return nil
+}
+
+// ResolveKinds returns the kinds of the configured collections.
+func (c *Config) ResolveKinds() ([]Kind, error) {
+	extra := map[string]Kind{}
+	for _, k := range c.Kinds {
+		extra[k.Collection] = k
+	}
+	colls := c.Collections
+	if len(colls) == 0 {
+		for _, k := range BuiltinKinds() {
+			colls = append(colls, k.Collection)
+		}
+		for _, k := range c.Kinds {
+			if _, builtin := LookupBuiltin(k.Collection); !builtin {
+				colls = append(colls, k.Collection)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	var out []Kind
+	for i, name := range colls {
+		if seen[name] {
+			return nil, fmt.Errorf("collections[%d]: %q listed twice", i, name)
+		}
+		seen[name] = true
+		if k, ok := extra[name]; ok {
+			out = append(out, k)
+		} else if k, ok := LookupBuiltin(name); ok {
+			out = append(out, k)
+		} else {
+			return nil, fmt.Errorf("collections[%d]: %q is neither built in nor defined under kinds", i, name)
+		}
+	}
+	return out, nil
+}
+
+// sourceURL is a parsed source URL.
+type sourceURL struct {
+	scheme    string // k8s, fs, mcp
+	path      string // kubeconfig (k8s), directory (fs)
+	kubeCtx   string
+	addr      string // mcp
+	inCluster bool
+}
+
+func parseSourceURL(raw string) (sourceURL, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return sourceURL{}, fmt.Errorf("%q: want k8s://, fs://DIR or mcp://HOST:PORT", raw)
+	}
+	switch scheme {
+	case "k8s":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return sourceURL{}, fmt.Errorf("%q: %v", raw, err)
+		}
+		if u.Host != "" {
+			return sourceURL{}, fmt.Errorf("%q: a kubeconfig path must be absolute (k8s:///path), got host %q", raw, u.Host)
+		}
+		s := sourceURL{scheme: "k8s", path: u.Path, kubeCtx: u.Query().Get("context"), inCluster: u.Path == ""}
+		for k := range u.Query() {
+			if k != "context" {
+				return sourceURL{}, fmt.Errorf("%q: unknown parameter %q (only context)", raw, k)
+			}
+		}
+		return s, nil
+	case "fs":
+		if rest == "" {
+			return sourceURL{}, fmt.Errorf("%q: directory is empty", raw)
+		}
+		return sourceURL{scheme: "fs", path: rest}, nil
+	case "mcp":
+		if _, _, err := net.SplitHostPort(rest); err != nil {
+			return sourceURL{}, fmt.Errorf("%q: %v", raw, err)
+		}
+		return sourceURL{scheme: "mcp", addr: rest}, nil
+	}
+	return sourceURL{}, fmt.Errorf("%q: unknown scheme %q (k8s, fs, mcp)", raw, scheme)
+}
+
+// parsePushURL returns the addresses of a push://a:1,b:2 URL.
+func parsePushURL(raw string) ([]string, error) {
+	rest, ok := strings.CutPrefix(raw, "push://")
+	if !ok {
+		return nil, fmt.Errorf("%q: want push://HOST:PORT[,HOST:PORT...]", raw)
+	}
+	var addrs []string
+	for _, a := range strings.Split(rest, ",") {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("%q: %v", raw, err)
+		}
+		addrs = append(addrs, a)
+	}
+	return addrs, nil
+}

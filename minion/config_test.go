@@ -1,0 +1,76 @@
+package minion
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+cluster: east
+sources:
+- url: k8s:///etc/kube/config?context=east
+  namespaces: [shop]
+  labelSelector: "mesh in (shared)"
+  resync: 30s
+- url: fs:///etc/meshfed
+- url: mcp://upstream:9901
+collections: [istio/networking/v1alpha3/virtualservices, k8s/core/v1/configmaps]
+kinds:
+- {collection: k8s/core/v1/configmaps, version: v1, resource: configmaps, kind: ConfigMap}
+destinations:
+  push: ["push://hub-a:9901,hub-b:9901"]
+  listen: 127.0.0.1:0
+  backoff: {initial: 50ms, max: 5s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Sources[0].Resync.Duration != 30*time.Second || cfg.Destinations.Backoff.Max.Duration != 5*time.Second || cfg.HTTP != "127.0.0.1:9902" {
+		t.Errorf("cfg = %+v", cfg)
+	}
+	kinds, err := cfg.ResolveKinds()
+	if err != nil || len(kinds) != 2 || kinds[1].Kind != "ConfigMap" {
+		t.Errorf("kinds = %+v, %v", kinds, err)
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("default config: %v", err)
+	}
+}
+
+func TestParseConfigErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{`sources: []`, "sources: at least one"},
+		{`{sources: [{url: "ftp://x"}], destinations: {push: ["push://h:1"]}}`, "sources[0].url"},
+		{`{sources: [{url: "k8s://host/x"}], destinations: {push: ["push://h:1"]}}`, "must be absolute"},
+		{`{sources: [{url: "fs:///x", namespaces: [a]}], destinations: {push: ["push://h:1"]}}`, "k8s:// sources only"},
+		{`{sources: [{url: "k8s://", labelSelector: "a in ("}], destinations: {push: ["push://h:1"]}}`, "sources[0].labelSelector"},
+		{`{sources: [{url: "k8s://", resync: "soon"}], destinations: {push: ["push://h:1"]}}`, "resync"},
+		{`{sources: [{url: "fs:///x"}], destinations: {}}`, "destinations: set push"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["hub:1"]}}`, "destinations.push[0]"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, collections: [nope]}`, "collections[0]"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, kinds: [{collection: c, version: v1, resource: r, kind: K, messageType: no.Such}]}`, "kinds[0]"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, sourcez: 1}`, "unknown field \"sourcez\""},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {initial: 2s, max: 1s}}}`, "destinations.backoff"},
+		{"sources:\n  - url: a\n url: b", "not valid YAML"},
+	} {
+		_, err := ParseConfig([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s:\n  err = %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// FuzzParseConfig: any input is a config or an error; never a panic.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("sources: [{url: fs:///x}]\ndestinations: {push: [push://h:1]}\n"))
+	f.Add([]byte("sources: [{url: 'k8s:///a?context=b&x=1'}]\n"))
+	f.Add([]byte("{kinds: [{collection: c}]}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseConfig(data)
+		if err == nil && len(cfg.Sources) == 0 {
+			t.Fatal("accepted a config without sources")
+		}
+	})
+}

@@ -1,0 +1,54 @@
+package minion
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// healthyStream is how long a stream must stay up for the next failure to restart the
+// backoff from its initial delay.
+const healthyStream = 10 * time.Second
+
+// redial keeps a stream up: it dials addrs in turn and runs stream on each connection,
+// waiting between failures with exponential backoff and full jitter, capped at b.Max.
+// It returns when ctx ends.
+func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logger, onState func(addr string, up bool),
+	stream func(ctx context.Context, conn *grpc.ClientConn) error) {
+	delay := b.Initial.Duration
+	for i := 0; ctx.Err() == nil; i++ {
+		addr := addrs[i%len(addrs)]
+		start := time.Now()
+		err := dialOnce(ctx, addr, onState, stream)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) >= healthyStream {
+			delay = b.Initial.Duration
+		}
+		wait := time.Duration(rand.Int64N(int64(delay) + 1)) // full jitter
+		log.Warn("stream ended; reconnecting", "addr", addr, "err", err, "retry_in", wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		delay = min(delay*2, b.Max.Duration)
+	}
+}
+
+func dialOnce(ctx context.Context, addr string, onState func(string, bool), stream func(context.Context, *grpc.ClientConn) error) error {
+	// Plaintext until the TLS work lands; the minion logs this at start.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	onState(addr, true)
+	defer onState(addr, false)
+	return stream(ctx, conn)
+}

@@ -1,0 +1,415 @@
+package minion
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// source is one input of the minion.
+type source interface {
+	Name() string
+	Synced() bool
+	Run(ctx context.Context) error
+}
+
+// Minion runs one configuration: its sources, the store they feed, and the destinations
+// it publishes to. Use RunWithReload to follow a configuration file.
+type Minion struct {
+	cfg        *Config
+	log        *slog.Logger
+	reg        *prometheus.Registry
+	metrics    *Metrics
+	mcpMetrics *mcp.Metrics
+
+	cache   *mcp.Cache
+	store   *Store
+	src     *mcp.Source
+	sources []source
+	kube    []*KubeSource
+
+	mu    sync.Mutex      // guards dests
+	dests map[string]bool // destination address -> stream up
+
+	// HTTPAddr is the bound address of the HTTP endpoints once Run has started them.
+	httpAddr chan string
+	// ListenAddr is the bound address of the local ResourceSource, if configured.
+	listenAddr chan string
+}
+
+// Telemetry is what outlives configuration reloads: the metrics registry and metrics.
+type Telemetry struct {
+	Registry *prometheus.Registry
+	Metrics  *Metrics
+	MCP      *mcp.Metrics
+}
+
+// NewTelemetry creates a registry with the minion's and the engine's metrics and the Go
+// and process collectors.
+func NewTelemetry() *Telemetry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return &Telemetry{Registry: reg, Metrics: NewMetrics(reg), MCP: mcp.NewMetrics(reg)}
+}
+
+// New builds a Minion for cfg (which must be validated).
+func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
+	kinds, err := cfg.ResolveKinds()
+	if err != nil {
+		return nil, err
+	}
+	m := &Minion{cfg: cfg, log: log.With("cluster", cfg.Cluster), reg: tel.Registry, metrics: tel.Metrics, mcpMetrics: tel.MCP,
+		dests: map[string]bool{}, httpAddr: make(chan string, 1), listenAddr: make(chan string, 1)}
+	colls := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		colls = append(colls, k.Collection)
+	}
+	m.cache = mcp.NewCache(colls...)
+	names := make([]string, 0, len(cfg.Sources))
+	for _, s := range cfg.Sources {
+		names = append(names, s.URL)
+	}
+	m.store = NewStore(m.cache, names, m.log)
+	for _, sc := range cfg.Sources {
+		u, _ := parseSourceURL(sc.URL)
+		switch u.scheme {
+		case "fs":
+			dir := u.path
+			if !filepath.IsAbs(dir) {
+				dir, _ = filepath.Abs(dir)
+			}
+			m.sources = append(m.sources, NewFileSource(sc.URL, dir, kinds, m.store, m.log, m.metrics))
+		case "k8s":
+			ks, err := NewKubeSource(sc, kinds, m.store, m.log, m.metrics)
+			if err != nil {
+				return nil, err
+			}
+			m.sources = append(m.sources, ks)
+			m.kube = append(m.kube, ks)
+		case "mcp":
+			us, err := NewUpstreamSource(sc, cfg.Cluster, kinds, m.store, cfg.Destinations.Backoff, m.log, m.mcpMetrics)
+			if err != nil {
+				return nil, err
+			}
+			m.sources = append(m.sources, us)
+		}
+	}
+	m.src, err = mcp.NewSource(mcp.SourceOptions{
+		Watcher:        m.cache,
+		MaxMessageSize: cfg.MaxMessageSize,
+		Logger:         m.log,
+		Metrics:        m.mcpMetrics,
+		Hooks:          mcp.Hooks{Acked: m.onAck},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Cache returns the published cache (for tests and status).
+func (m *Minion) Cache() *mcp.Cache { return m.cache }
+
+// Ready reports whether every source has synced.
+func (m *Minion) Ready() bool {
+	for _, s := range m.sources {
+		if !s.Synced() {
+			return false
+		}
+	}
+	return true
+}
+
+// onAck records the hub's NACKs: a log line, a metric per rejected resource, and a Warning
+// Event on each rejected Kubernetes object.
+func (m *Minion) onAck(_ *mcp.StreamInfo, ev mcp.AckEvent) {
+	if ev.Code == codes.OK {
+		return
+	}
+	rejected := mcp.Rejections(ev.Detail)
+	if len(rejected) == 0 {
+		m.log.Warn("hub rejected a push", "collection", ev.Collection, "code", ev.Code.String(), "message", ev.Message)
+		return
+	}
+	for _, r := range rejected {
+		if m.metrics != nil {
+			m.metrics.rejections.WithLabelValues(ev.Collection).Inc()
+		}
+		m.log.Warn("hub rejected a resource", "collection", ev.Collection, "resource", r.Resource, "reason", r.Reason)
+		for _, k := range m.kube {
+			if k.ReportRejection(ev.Collection, r.Resource, r.Reason) {
+				break
+			}
+		}
+	}
+}
+
+func (m *Minion) setDest(addr string, up bool) {
+	m.mu.Lock()
+	m.dests[addr] = up
+	m.mu.Unlock()
+	if m.metrics != nil {
+		v := 0.0
+		if up {
+			v = 1
+		}
+		m.metrics.connected.WithLabelValues(addr).Set(v)
+	}
+}
+
+// Run runs the sources, then — once every source has synced, so a restart never publishes
+// an empty state — the destinations, until ctx ends.
+func (m *Minion) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	if m.cfg.HTTP != "" {
+		lis, err := net.Listen("tcp", m.cfg.HTTP)
+		if err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+		m.httpAddr <- lis.Addr().String()
+		srv := &http.Server{Handler: m.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	for _, s := range m.sources {
+		g.Go(func() error { return s.Run(ctx) })
+	}
+	g.Go(func() error {
+		if !m.waitSynced(ctx) {
+			return nil
+		}
+		m.log.Info("all sources synced; publishing", "sources", len(m.sources))
+		return m.runDestinations(ctx)
+	})
+	return g.Wait()
+}
+
+func (m *Minion) waitSynced(ctx context.Context) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	last := time.Now()
+	for !m.Ready() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			if time.Since(last) > 30*time.Second {
+				last = time.Now()
+				m.log.Warn("still waiting for sources to sync before publishing", "pending", m.pendingSources())
+			}
+		}
+	}
+	return true
+}
+
+func (m *Minion) pendingSources() []string {
+	var out []string
+	for _, s := range m.sources {
+		if !s.Synced() {
+			out = append(out, s.Name())
+		}
+	}
+	return out
+}
+
+func (m *Minion) runDestinations(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	if l := m.cfg.Destinations.Listen; l != "" {
+		lis, err := net.Listen("tcp", l)
+		if err != nil {
+			return fmt.Errorf("destinations.listen: %w", err)
+		}
+		m.listenAddr <- lis.Addr().String()
+		srv := grpc.NewServer(mcp.ServerOptions()...)
+		mcp.NewSourceServer(m.src, mcp.ServerConfig{Logger: m.log, Metrics: m.mcpMetrics}).Register(srv)
+		m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())
+		g.Go(func() error { return srv.Serve(lis) })
+		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
+	}
+	for _, p := range m.cfg.Destinations.Push {
+		addrs, _ := parsePushURL(p)
+		m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
+		g.Go(func() error {
+			redial(ctx, addrs, m.cfg.Destinations.Backoff, m.log, m.setDest, func(ctx context.Context, conn *grpc.ClientConn) error {
+				return m.src.PushTo(ctx, conn)
+			})
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// Status is the minion's state as /status reports it.
+type Status struct {
+	Cluster      string          `json:"cluster"`
+	Ready        bool            `json:"ready"`
+	Sources      []SourceStatus  `json:"sources"`
+	Destinations map[string]bool `json:"destinations"`
+	Objects      map[string]int  `json:"objects"`
+}
+
+// SourceStatus is one source's state.
+type SourceStatus struct {
+	Name     string    `json:"name"`
+	Synced   bool      `json:"synced"`
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// Status returns the minion's current state.
+func (m *Minion) Status() Status {
+	st := Status{Cluster: m.cfg.Cluster, Ready: m.Ready(), Destinations: map[string]bool{}, Objects: map[string]int{}}
+	for _, s := range m.sources {
+		ss := SourceStatus{Name: s.Name(), Synced: s.Synced()}
+		if fs, ok := s.(*FileSource); ok {
+			ss.Problems = fs.Problems()
+		}
+		st.Sources = append(st.Sources, ss)
+	}
+	m.mu.Lock()
+	for k, v := range m.dests {
+		st.Destinations[k] = v
+	}
+	m.mu.Unlock()
+	for _, c := range m.cache.Collections() {
+		st.Objects[c] = m.cache.Len(c)
+	}
+	return st
+}
+
+func (m *Minion) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if pending := m.pendingSources(); len(pending) > 0 {
+			sort.Strings(pending)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "waiting for sources to sync: %v\n", pending)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(m.Status())
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// RunWithReload runs the configuration in path (or DefaultConfig when path is empty) and
+// follows the file: a valid change restarts the minion's components in-process with the new
+// configuration; an invalid one is logged and the running configuration stays.
+func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Telemetry) error {
+	cfg := DefaultConfig()
+	if path != "" {
+		var err error
+		if cfg, err = LoadConfig(path); err != nil {
+			return err
+		}
+	} else if err := cfg.Validate(); err != nil {
+		return err
+	}
+	changes := make(chan *Config, 1)
+	g, ctx := errgroup.WithContext(ctx)
+	if path != "" {
+		g.Go(func() error { return watchConfig(ctx, path, cfg, log, changes) })
+	}
+	g.Go(func() error {
+		for {
+			m, err := New(cfg, log, tel)
+			if err != nil {
+				return err
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- m.Run(runCtx) }()
+			select {
+			case err := <-done:
+				cancel()
+				return err
+			case cfg = <-changes:
+				log.Info("configuration changed; restarting components")
+				cancel()
+				if err := <-done; err != nil {
+					log.Error("components stopped with an error", "err", err)
+				}
+			}
+		}
+	})
+	return g.Wait()
+}
+
+// watchConfig sends each valid new version of the file on changes; invalid ones are logged.
+func watchConfig(ctx context.Context, path string, current *Config, log *slog.Logger, changes chan<- *Config) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	// Watch the directory: editors and Kubernetes ConfigMap mounts replace the file.
+	if err := w.Add(filepath.Dir(path)); err != nil {
+		return err
+	}
+	var fire <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.Events:
+			fire = time.After(DefaultDebounce)
+		case err := <-w.Errors:
+			log.Warn("config watcher error", "err", err)
+		case <-fire:
+			cfg, err := LoadConfig(path)
+			if err != nil {
+				log.Error("configuration refused; keeping the running one", "err", err)
+				continue
+			}
+			if reflect.DeepEqual(cfg, current) {
+				continue
+			}
+			current = cfg
+			select {
+			case changes <- cfg:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
