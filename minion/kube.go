@@ -160,7 +160,15 @@ func (s *KubeSource) Run(ctx context.Context) error {
 func (s *KubeSource) handler(k Kind) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.upsert(k, obj) },
-		UpdateFunc: func(_, obj any) { s.upsert(k, obj) },
+		UpdateFunc: func(old, obj any) {
+			// A resync delivers the object unchanged: nothing to convert or publish.
+			if o, ok := old.(*unstructured.Unstructured); ok {
+				if n, ok := obj.(*unstructured.Unstructured); ok && o.GetResourceVersion() == n.GetResourceVersion() {
+					return
+				}
+			}
+			s.upsert(k, obj)
+		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj

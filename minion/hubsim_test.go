@@ -1,0 +1,211 @@
+package minion
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// hubSim is the hub side of a minion's push stream for tests: a real gRPC ResourceSink
+// server on 127.0.0.1:0 whose Sink applies every push to an in-memory state and records
+// every change. reject, when set, decides per resource whether to refuse it (the push is
+// then NACKed with the rejections, as the hub's ACL does).
+type hubSim struct {
+	Addr        string
+	collections []string
+
+	mu      sync.Mutex // guards the following fields
+	state   map[string]map[string]*mcpapi.Resource
+	changes []*mcp.Change
+	removed map[string][]string // collection -> names removed, in order
+	streams int
+	reject  func(collection string, r *mcpapi.Resource) string
+}
+
+func startHubSim(t testing.TB, collections ...string) *hubSim {
+	t.Helper()
+	h := &hubSim{collections: collections, state: map[string]map[string]*mcpapi.Resource{}, removed: map[string][]string{}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Addr = lis.Addr().String()
+	h.serve(t, lis)
+	return h
+}
+
+// restartOn serves again on addr after stop (the state is kept, as a hub's would be).
+func (h *hubSim) serve(t testing.TB, lis net.Listener) func() {
+	srv := grpc.NewServer(mcp.ServerOptions()...)
+	log := testLog(t)
+	mcp.NewSinkServer(func(ctx context.Context, info *mcp.StreamInfo) (*mcp.Sink, error) {
+		h.mu.Lock()
+		h.streams++
+		h.mu.Unlock()
+		return mcp.NewSink(mcp.SinkOptions{Collections: h.collections, Applier: h, Logger: log,
+			InitialVersions: h.versions})
+	}, mcp.ServerConfig{Logger: log, StreamRate: 1000, StreamBurst: 1000}).Register(srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	stop := func() { srv.Stop(); <-done }
+	t.Cleanup(stop)
+	return stop
+}
+
+func (h *hubSim) versions(collection string) map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]string{}
+	for n, r := range h.state[collection] {
+		out[n] = r.GetMetadata().GetVersion()
+	}
+	return out
+}
+
+// Apply implements mcp.Applier.
+func (h *hubSim) Apply(_ context.Context, c *mcp.Change) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.changes = append(h.changes, c)
+	coll := h.state[c.Collection]
+	if coll == nil || !c.Incremental {
+		old := coll
+		coll = map[string]*mcpapi.Resource{}
+		keep := map[string]bool{}
+		for _, r := range c.Resources {
+			keep[r.GetMetadata().GetName()] = true
+		}
+		for n := range old {
+			if !keep[n] {
+				h.removed[c.Collection] = append(h.removed[c.Collection], n)
+			}
+		}
+		h.state[c.Collection] = coll
+	}
+	for _, n := range c.Removed {
+		if _, ok := coll[n]; ok {
+			h.removed[c.Collection] = append(h.removed[c.Collection], n)
+		}
+		delete(coll, n)
+	}
+	var rejected []mcp.Rejection
+	for _, r := range c.Resources {
+		if h.reject != nil {
+			if why := h.reject(c.Collection, r); why != "" {
+				rejected = append(rejected, mcp.Rejection{Resource: r.GetMetadata().GetName(), Reason: why})
+				continue
+			}
+		}
+		coll[r.GetMetadata().GetName()] = r
+	}
+	if len(rejected) > 0 {
+		return mcp.RejectionError(codes.PermissionDenied, c.Collection, rejected)
+	}
+	return nil
+}
+
+// get returns a resource the hub holds.
+func (h *hubSim) get(collection, name string) *mcpapi.Resource {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state[collection][name]
+}
+
+// names returns the names the hub holds in collection, sorted and joined.
+func (h *hubSim) names(collection string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for n := range h.state[collection] {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func (h *hubSim) pushes() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.changes)
+}
+
+func (h *hubSim) removals(collection string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.removed[collection]...)
+}
+
+func (h *hubSim) streamCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.streams
+}
+
+// body decodes a resource's body.
+func body[T proto.Message](t testing.TB, r *mcpapi.Resource, msg T) T {
+	t.Helper()
+	if err := anypb.UnmarshalTo(r.GetBody(), msg, proto.UnmarshalOptions{}); err != nil {
+		t.Fatalf("body of %s: %v", r.GetMetadata().GetName(), err)
+	}
+	return msg
+}
+
+// waitFor polls cond for up to d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *hubSim) String() string { return fmt.Sprintf("hubSim(%s)", h.Addr) }
+
+// metricValue returns the value of the minion's metric with exactly these labels (0 if
+// absent).
+func metricValue(t testing.TB, m *Minion, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, mt := range mf.GetMetric() {
+			if len(mt.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, lp := range mt.GetLabel() {
+				if labels[lp.GetName()] != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case mt.Counter != nil:
+				return mt.GetCounter().GetValue()
+			case mt.Gauge != nil:
+				return mt.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
