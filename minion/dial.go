@@ -17,15 +17,19 @@ const healthyStream = 10 * time.Second
 // redial keeps a stream up: it dials addrs in turn and runs stream on each connection,
 // waiting between failures with exponential backoff and full jitter, capped at b.Max.
 // It returns when ctx ends.
-func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logger, onState func(addr string, up bool),
+// onEnd, if not nil, is told how each attempt ended.
+func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logger, onEnd func(addr string, err error),
 	stream func(ctx context.Context, conn *grpc.ClientConn) error) {
 	delay := b.Initial.Duration
 	for i := 0; ctx.Err() == nil; i++ {
 		addr := addrs[i%len(addrs)]
 		start := time.Now()
-		err := dialOnce(ctx, addr, onState, stream)
+		err := dialOnce(ctx, addr, stream)
 		if ctx.Err() != nil {
 			return
+		}
+		if onEnd != nil {
+			onEnd(addr, err)
 		}
 		if time.Since(start) >= healthyStream {
 			delay = b.Initial.Duration
@@ -41,14 +45,12 @@ func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logg
 	}
 }
 
-func dialOnce(ctx context.Context, addr string, onState func(string, bool), stream func(context.Context, *grpc.ClientConn) error) error {
+func dialOnce(ctx context.Context, addr string, stream func(context.Context, *grpc.ClientConn) error) error {
 	// Plaintext until the TLS work lands; the minion logs this at start.
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	onState(addr, true)
-	defer onState(addr, false)
 	return stream(ctx, conn)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -33,6 +34,7 @@ type hubSim struct {
 	removed map[string][]string // collection -> names removed, in order
 	streams int
 	reject  func(collection string, r *mcpapi.Resource) string
+	stop    func()
 }
 
 func startHubSim(t testing.TB, collections ...string) *hubSim {
@@ -43,11 +45,37 @@ func startHubSim(t testing.TB, collections ...string) *hubSim {
 		t.Fatal(err)
 	}
 	h.Addr = lis.Addr().String()
-	h.serve(t, lis)
+	h.stop = h.serve(t, lis)
 	return h
 }
 
-// restartOn serves again on addr after stop (the state is kept, as a hub's would be).
+// Stop stops serving (streams end); the state is kept, as a hub's would be.
+func (h *hubSim) Stop() { h.stop() }
+
+// Restart serves again on the same address after Stop.
+func (h *hubSim) Restart(t testing.TB) {
+	t.Helper()
+	var lis net.Listener
+	var err error
+	for range 50 { // the old listener's port can take a moment to be free again
+		if lis, err = net.Listen("tcp", h.Addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.stop = h.serve(t, lis)
+}
+
+// changesSince returns the changes recorded after the first n.
+func (h *hubSim) changesSince(n int) []*mcp.Change {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*mcp.Change(nil), h.changes[n:]...)
+}
+
 func (h *hubSim) serve(t testing.TB, lis net.Listener) func() {
 	srv := grpc.NewServer(mcp.ServerOptions()...)
 	log := testLog(t)
@@ -60,7 +88,8 @@ func (h *hubSim) serve(t testing.TB, lis net.Listener) func() {
 	}, mcp.ServerConfig{Logger: log, StreamRate: 1000, StreamBurst: 1000}).Register(srv)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
-	stop := func() { srv.Stop(); <-done }
+	var once sync.Once
+	stop := func() { once.Do(func() { srv.Stop(); <-done }) }
 	t.Cleanup(stop)
 	return stop
 }
@@ -179,9 +208,9 @@ func (h *hubSim) String() string { return fmt.Sprintf("hubSim(%s)", h.Addr) }
 
 // metricValue returns the value of the minion's metric with exactly these labels (0 if
 // absent).
-func metricValue(t testing.TB, m *Minion, name string, labels map[string]string) float64 {
+func metricValue(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := m.reg.Gather()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -159,7 +159,7 @@ func (s *KubeSource) Run(ctx context.Context) error {
 
 func (s *KubeSource) handler(k Kind) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.upsert(k, obj) },
+		AddFunc: func(obj any) { s.upsert(k, obj) },
 		UpdateFunc: func(old, obj any) {
 			// A resync delivers the object unchanged: nothing to convert or publish.
 			if o, ok := old.(*unstructured.Unstructured); ok {

@@ -12,6 +12,7 @@ type Metrics struct {
 	rejections    *prometheus.CounterVec
 	connected     *prometheus.GaugeVec
 	connects      *prometheus.CounterVec
+	reloads       *prometheus.CounterVec
 }
 
 // NewMetrics creates the minion's metrics and registers them with reg.
@@ -29,9 +30,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "destination_connected",
 			Help: "1 while the push stream to a destination is up."}, []string{"destination"}),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "destination_connects_total",
-			Help: "Connection attempts to a destination, by result (ok|error)."}, []string{"destination", "result"}),
+			Help: "Stream attempts to a push destination, by result (established: the hub asked for collections; failed: it never did)."}, []string{"destination", "result"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
+			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
 	}
-	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects)
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.reloads)
 	return m
 }
 
@@ -58,4 +61,29 @@ func (m *Metrics) problems(source string, n int) {
 		return
 	}
 	m.problemsGauge.WithLabelValues(source).Set(float64(n))
+}
+
+func (m *Metrics) destination(addr string, up bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.connected.WithLabelValues(addr).Set(v)
+}
+
+func (m *Metrics) connect(addr, result string) {
+	if m == nil {
+		return
+	}
+	m.connects.WithLabelValues(addr, result).Inc()
+}
+
+func (m *Metrics) reload(result string) {
+	if m == nil {
+		return
+	}
+	m.reloads.WithLabelValues(result).Inc()
 }

@@ -47,13 +47,14 @@ type Minion struct {
 	sources []source
 	kube    []*KubeSource
 
-	mu    sync.Mutex      // guards dests
-	dests map[string]bool // destination address -> stream up
+	mu    sync.Mutex      // guards the following fields
+	dests map[string]bool // push destination address -> stream up (the hub has requested)
+	// established: the current attempt to a destination got as far as a push.
+	established map[string]bool
 
-	// HTTPAddr is the bound address of the HTTP endpoints once Run has started them.
-	httpAddr chan string
-	// ListenAddr is the bound address of the local ResourceSource, if configured.
-	listenAddr chan string
+	// httpAddr and listenAddr are the bound addresses of the HTTP endpoints and of the
+	// local ResourceSource once Run has opened them.
+	httpAddr, listenAddr string
 }
 
 // Telemetry is what outlives configuration reloads: the metrics registry and metrics.
@@ -78,7 +79,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		return nil, err
 	}
 	m := &Minion{cfg: cfg, log: log.With("cluster", cfg.Cluster), reg: tel.Registry, metrics: tel.Metrics, mcpMetrics: tel.MCP,
-		dests: map[string]bool{}, httpAddr: make(chan string, 1), listenAddr: make(chan string, 1)}
+		dests: map[string]bool{}, established: map[string]bool{}}
 	colls := make([]string, 0, len(kinds))
 	for _, k := range kinds {
 		colls = append(colls, k.Collection)
@@ -118,7 +119,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		MaxMessageSize: cfg.MaxMessageSize,
 		Logger:         m.log,
 		Metrics:        m.mcpMetrics,
-		Hooks:          mcp.Hooks{Acked: m.onAck},
+		Hooks:          mcp.Hooks{Acked: m.onAck, Pushed: m.onPushed, StreamClosed: m.onStreamClosed},
 	})
 	if err != nil {
 		return nil, err
@@ -128,6 +129,21 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 
 // Cache returns the published cache (for tests and status).
 func (m *Minion) Cache() *mcp.Cache { return m.cache }
+
+// HTTPAddr returns the bound address of the HTTP endpoints ("" until Run has opened it).
+func (m *Minion) HTTPAddr() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.httpAddr
+}
+
+// ListenAddr returns the bound address of the local ResourceSource ("" until it is open;
+// it opens once every source has synced).
+func (m *Minion) ListenAddr() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.listenAddr
+}
 
 // Ready reports whether every source has synced.
 func (m *Minion) Ready() bool {
@@ -163,16 +179,45 @@ func (m *Minion) onAck(_ *mcp.StreamInfo, ev mcp.AckEvent) {
 	}
 }
 
-func (m *Minion) setDest(addr string, up bool) {
+// onPushed marks a push destination connected at the first push of a stream: the hub has
+// accepted the stream and asked for collections.
+func (m *Minion) onPushed(info *mcp.StreamInfo, _ mcp.PushEvent) {
+	if info.Transport != "client" {
+		return // a polling hub on the local listener
+	}
 	m.mu.Lock()
-	m.dests[addr] = up
+	first := !m.dests[info.Peer]
+	m.dests[info.Peer] = true
+	m.established[info.Peer] = true
 	m.mu.Unlock()
-	if m.metrics != nil {
-		v := 0.0
-		if up {
-			v = 1
-		}
-		m.metrics.connected.WithLabelValues(addr).Set(v)
+	if first {
+		m.log.Info("publishing to the hub", "addr", info.Peer)
+		m.metrics.destination(info.Peer, true)
+		m.metrics.connect(info.Peer, "established")
+	}
+}
+
+func (m *Minion) onStreamClosed(info *mcp.StreamInfo, _ error) {
+	if info.Transport != "client" {
+		return
+	}
+	m.mu.Lock()
+	m.dests[info.Peer] = false
+	m.mu.Unlock()
+	m.metrics.destination(info.Peer, false)
+}
+
+// onAttemptEnd counts an attempt that never got as far as a push as failed.
+func (m *Minion) onAttemptEnd(addr string, _ error) {
+	m.mu.Lock()
+	ok := m.established[addr]
+	delete(m.established, addr)
+	if _, known := m.dests[addr]; !known {
+		m.dests[addr] = false
+	}
+	m.mu.Unlock()
+	if !ok {
+		m.metrics.connect(addr, "failed")
 	}
 }
 
@@ -185,7 +230,9 @@ func (m *Minion) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("http: %w", err)
 		}
-		m.httpAddr <- lis.Addr().String()
+		m.mu.Lock()
+		m.httpAddr = lis.Addr().String()
+		m.mu.Unlock()
 		srv := &http.Server{Handler: m.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
 		g.Go(func() error {
 			if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
@@ -248,7 +295,9 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("destinations.listen: %w", err)
 		}
-		m.listenAddr <- lis.Addr().String()
+		m.mu.Lock()
+		m.listenAddr = lis.Addr().String()
+		m.mu.Unlock()
 		srv := grpc.NewServer(mcp.ServerOptions()...)
 		mcp.NewSourceServer(m.src, mcp.ServerConfig{Logger: m.log, Metrics: m.mcpMetrics}).Register(srv)
 		m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())
@@ -259,7 +308,7 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		addrs, _ := parsePushURL(p)
 		m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
 		g.Go(func() error {
-			redial(ctx, addrs, m.cfg.Destinations.Backoff, m.log, m.setDest, func(ctx context.Context, conn *grpc.ClientConn) error {
+			redial(ctx, addrs, m.cfg.Destinations.Backoff, m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				return m.src.PushTo(ctx, conn)
 			})
 			return nil
@@ -348,7 +397,7 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 	changes := make(chan *Config, 1)
 	g, ctx := errgroup.WithContext(ctx)
 	if path != "" {
-		g.Go(func() error { return watchConfig(ctx, path, cfg, log, changes) })
+		g.Go(func() error { return watchConfig(ctx, path, cfg, log, tel, changes) })
 	}
 	g.Go(func() error {
 		for {
@@ -376,7 +425,7 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 }
 
 // watchConfig sends each valid new version of the file on changes; invalid ones are logged.
-func watchConfig(ctx context.Context, path string, current *Config, log *slog.Logger, changes chan<- *Config) error {
+func watchConfig(ctx context.Context, path string, current *Config, log *slog.Logger, tel *Telemetry, changes chan<- *Config) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return err
@@ -399,11 +448,13 @@ func watchConfig(ctx context.Context, path string, current *Config, log *slog.Lo
 			cfg, err := LoadConfig(path)
 			if err != nil {
 				log.Error("configuration refused; keeping the running one", "err", err)
+				tel.Metrics.reload("refused")
 				continue
 			}
 			if reflect.DeepEqual(cfg, current) {
 				continue
 			}
+			tel.Metrics.reload("applied")
 			current = cfg
 			select {
 			case changes <- cfg:

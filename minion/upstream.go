@@ -60,7 +60,7 @@ func (s *UpstreamSource) Synced() bool { return s.sink.Synced() }
 // Run follows the upstream until ctx ends, reconnecting with backoff and resuming by
 // versions. What was received stays published while disconnected.
 func (s *UpstreamSource) Run(ctx context.Context) error {
-	redial(ctx, []string{s.addr}, s.backoff, s.log, func(string, bool) {}, func(ctx context.Context, conn *grpc.ClientConn) error {
+	redial(ctx, []string{s.addr}, s.backoff, s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
 		return s.sink.PullFrom(ctx, conn)
 	})
 	return nil

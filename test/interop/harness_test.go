@@ -1,0 +1,808 @@
+package interop
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// TestMain fails the run if any goroutine (gRPC, stream, process reader) outlives the tests.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	// waitTimeout bounds every wait. Tests never assert durations; this only turns a hang
+	// into a failure with a description of what was missing.
+	waitTimeout  = 20 * time.Second
+	pollInterval = 5 * time.Millisecond
+	// redialDelay is how long meshfed's client loops pause between streams, as a product
+	// caller's backoff would.
+	redialDelay = 20 * time.Millisecond
+
+	collA = "istio/networking/v1alpha3/virtualservices"
+	collB = "istio/networking/v1alpha3/destinationrules"
+	// collX is requested by Istio's sinks but not served by meshfed's source.
+	collX = "istio/networking/v1alpha3/gateways"
+)
+
+// ---- resources and states ----
+
+// res is one resource as both implementations see it: metadata.version and the value of its
+// google.protobuf.StringValue body.
+type res struct{ version, value string }
+
+// state is a collection's content by metadata.name.
+type state map[string]res
+
+func (s state) String() string {
+	names := slices.Sorted(maps.Keys(s))
+	parts := make([]string, 0, len(names))
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s@%s=%q", n, s[n].version, s[n].value))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+func (s state) equal(o state) bool { return maps.Equal(s, o) }
+
+// newEntry builds a meshfed Entry with a StringValue body, the only body type both sides
+// (Istio through gogo's registry) can decode.
+func newEntry(t testing.TB, name, version, value string) *mcp.Entry {
+	t.Helper()
+	body, err := anypb.New(wrapperspb.String(value))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEntryWithBody(t, name, version, body)
+}
+
+func newEntryWithBody(t testing.TB, name, version string, body *anypb.Any) *mcp.Entry {
+	t.Helper()
+	e, err := mcp.NewEntry(&mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: name, Version: version}, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func entries(t testing.TB, s state) []*mcp.Entry {
+	t.Helper()
+	out := make([]*mcp.Entry, 0, len(s))
+	for _, n := range slices.Sorted(maps.Keys(s)) {
+		out = append(out, newEntry(t, n, s[n].version, s[n].value))
+	}
+	return out
+}
+
+// ---- waiting ----
+
+// waitUntil polls cond until it holds, failing the test after waitTimeout with cond's last
+// description of what it saw.
+func waitUntil(t testing.TB, what string, cond func() (ok bool, saw string)) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		ok, saw := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; last seen: %s", waitTimeout, what, saw)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// waitChan waits for ch to be closed or to deliver.
+func waitChan[T any](t testing.TB, what string, ch <-chan T) {
+	t.Helper()
+	timer := time.NewTimer(waitTimeout)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
+	}
+}
+
+// ---- logging ----
+
+// logWriter forwards whole lines to t.Log until the test ends, then drops them. At most
+// maxLogLines lines are logged per writer, so a peer stuck in a reconnect loop cannot flood
+// the test output.
+type logWriter struct {
+	t      testing.TB
+	prefix string
+
+	mu    sync.Mutex
+	done  bool
+	lines int
+	buf   []byte
+}
+
+const maxLogLines = 3000
+
+func newLogWriter(t testing.TB, prefix string) *logWriter {
+	w := &logWriter{t: t, prefix: prefix}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if len(w.buf) > 0 && !w.done {
+			w.t.Log(w.prefix + string(w.buf))
+		}
+		w.done = true
+	})
+	return w
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	for {
+		i := strings.IndexByte(string(w.buf), '\n')
+		if i < 0 {
+			break
+		}
+		line := string(w.buf[:i])
+		w.buf = w.buf[i+1:]
+		w.lines++
+		switch {
+		case w.lines < maxLogLines:
+			w.t.Log(w.prefix + line)
+		case w.lines == maxLogLines:
+			w.t.Log(w.prefix + "... (further lines dropped)")
+		}
+	}
+	return len(p), nil
+}
+
+// testLogger is meshfed's logger for one test (MESHFED_INTEROP_DEBUG=1 for debug level).
+func testLogger(t testing.TB, prefix string) *slog.Logger {
+	level := slog.LevelInfo
+	if os.Getenv("MESHFED_INTEROP_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(newLogWriter(t, prefix), &slog.HandlerOptions{Level: level}))
+}
+
+// ---- the Istio peer process ----
+
+// peerResource, peerEvent and peerCommand are istio-mcp-peer's stdout and stdin JSON
+// (test/istio/README.md).
+type peerResource struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Value   string `json:"value"`
+}
+
+type peerEvent struct {
+	Event       string         `json:"event"`
+	Addr        string         `json:"addr"`
+	Collection  string         `json:"collection"`
+	Incremental bool           `json:"incremental"`
+	Resources   []peerResource `json:"resources"`
+	Removed     []string       `json:"removed"`
+	Message     string         `json:"message"`
+}
+
+func (e peerEvent) state() state {
+	s := state{}
+	for _, r := range e.Resources {
+		s[r.Name] = res{r.Version, r.Value}
+	}
+	return s
+}
+
+func (e peerEvent) String() string {
+	if e.Event != "applied" {
+		b, _ := json.Marshal(e)
+		return string(b)
+	}
+	return fmt.Sprintf("applied(%s incremental=%v resources=%v removed=%v)", e.Collection, e.Incremental, e.state(), e.Removed)
+}
+
+type peerCommand struct {
+	Op         string         `json:"op"`
+	Collection string         `json:"collection"`
+	Version    string         `json:"version"`
+	Resources  []peerResource `json:"resources"`
+}
+
+type peerConfig struct {
+	mode        string // source-server, source-client, sink-server, sink-client
+	addr        string // listen (servers; 127.0.0.1:0 first) or dial (clients)
+	collections []string
+	incremental bool
+}
+
+// istioPeer is one istio-mcp-peer process. A restart is a new istioPeer.
+type istioPeer struct {
+	t        testing.TB
+	cfg      peerConfig
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	cancel   context.CancelFunc
+	readDone chan struct{}
+	killOnce sync.Once
+
+	// addr is the bound address (server modes) or the dialed one (client modes).
+	addr string
+
+	mu      sync.Mutex
+	events  []peerEvent
+	badLine []string // stdout lines that are not JSON events
+	killed  bool     // kill was requested: the process ending is expected
+	eof     bool     // stdout ended: the process is gone or going
+}
+
+// startPeer starts istio-mcp-peer and waits for its listening or dialing event. The process
+// is SIGKILLed and awaited when the test ends (or earlier, by kill).
+func startPeer(t testing.TB, cfg peerConfig) *istioPeer {
+	t.Helper()
+	bin := testbin.Require(t, "istio-mcp-peer")
+	args := []string{"-mode", cfg.mode, "-addr", cfg.addr, "-collections", strings.Join(cfg.collections, ",")}
+	if cfg.incremental {
+		args = append(args, "-incremental")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGKILL) }
+	cmd.Stderr = newLogWriter(t, "istio "+cfg.mode+": ")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("starting %s %v: %v", bin, args, err)
+	}
+	p := &istioPeer{t: t, cfg: cfg, cmd: cmd, stdin: stdin, cancel: cancel, readDone: make(chan struct{})}
+	go p.read(stdout)
+	t.Cleanup(p.kill)
+	t.Logf("started istio-mcp-peer (pid %d) %s", cmd.Process.Pid, strings.Join(args, " "))
+
+	want := "dialing"
+	if strings.HasSuffix(cfg.mode, "-server") {
+		want = "listening"
+	}
+	waitUntil(t, "istio-mcp-peer's "+want+" event", func() (bool, string) {
+		for _, e := range p.all() {
+			if e.Event == want {
+				p.addr = e.Addr
+				return true, ""
+			}
+		}
+		return false, p.describe()
+	})
+	return p
+}
+
+func (p *istioPeer) read(stdout io.Reader) {
+	defer close(p.readDone)
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for sc.Scan() {
+		var e peerEvent
+		err := json.Unmarshal(sc.Bytes(), &e)
+		p.mu.Lock()
+		if err != nil || e.Event == "" {
+			p.badLine = append(p.badLine, sc.Text())
+		} else {
+			p.events = append(p.events, e)
+		}
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	p.eof = true
+	p.mu.Unlock()
+}
+
+// kill SIGKILLs the process and waits for it and its output. It reports a process that had
+// ended on its own, error events and unparsable output as test errors.
+func (p *istioPeer) kill() {
+	p.killOnce.Do(func() {
+		p.mu.Lock()
+		endedEarly := p.eof
+		p.killed = true
+		p.mu.Unlock()
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.readDone
+		err := p.cmd.Wait()
+		p.cancel()
+		if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && !ws.Signaled() {
+			endedEarly = true
+		}
+		if endedEarly {
+			p.t.Errorf("istio-mcp-peer %s ended before the test killed it: %v", p.cfg.mode, err)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, e := range p.events {
+			if e.Event == "error" {
+				p.t.Errorf("istio-mcp-peer %s reported an error: %s", p.cfg.mode, e.Message)
+			}
+		}
+		if len(p.badLine) > 0 {
+			p.t.Errorf("istio-mcp-peer %s wrote non-event stdout lines: %q", p.cfg.mode, p.badLine)
+		}
+	})
+}
+
+// restart SIGKILLs the process and starts a new one with the same configuration; a server
+// listens again on the address the first one was given by the kernel.
+func (p *istioPeer) restart() *istioPeer {
+	p.t.Helper()
+	p.kill()
+	cfg := p.cfg
+	cfg.addr = p.addr
+	return startPeer(p.t, cfg)
+}
+
+func (p *istioPeer) all() []peerEvent {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.events)
+}
+
+func (p *istioPeer) describe() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	if p.eof && !p.killed {
+		b.WriteString("[process ended] ")
+	}
+	start := max(0, len(p.events)-20)
+	for _, e := range p.events[start:] {
+		b.WriteString(e.String())
+		b.WriteString("; ")
+	}
+	return b.String()
+}
+
+// set replaces a collection's state in an Istio source at snapshot version and waits until
+// the peer confirms it.
+func (p *istioPeer) set(collection, version string, s state) {
+	p.t.Helper()
+	cmd := peerCommand{Op: "set", Collection: collection, Version: version, Resources: []peerResource{}}
+	for _, n := range slices.Sorted(maps.Keys(s)) {
+		cmd.Resources = append(cmd.Resources, peerResource{Name: n, Version: s[n].version, Value: s[n].value})
+	}
+	count := func() int {
+		n := 0
+		for _, e := range p.all() {
+			if e.Event == "set" && e.Collection == collection {
+				n++
+			}
+		}
+		return n
+	}
+	before := count()
+	line, err := json.Marshal(cmd)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if _, err := p.stdin.Write(append(line, '\n')); err != nil {
+		p.t.Fatalf("writing to istio-mcp-peer: %v", err)
+	}
+	waitUntil(p.t, fmt.Sprintf("istio-mcp-peer to confirm set %s@%s", collection, version), func() (bool, string) {
+		return count() > before, p.describe()
+	})
+}
+
+// applied returns an Istio sink's applied events for a collection, in order.
+func (p *istioPeer) applied(collection string) []peerEvent {
+	var out []peerEvent
+	for _, e := range p.all() {
+		if e.Event == "applied" && e.Collection == collection {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// sinkState replays an Istio sink's applied events for a collection (full state replaces,
+// incremental adds, updates and removes) into the state that sink holds.
+func (p *istioPeer) sinkState(collection string) (s state, pushes int) {
+	return replay(p.applied(collection)), len(p.applied(collection))
+}
+
+func replay(events []peerEvent) state {
+	s := state{}
+	for _, e := range events {
+		if !e.Incremental {
+			s = state{}
+		}
+		maps.Copy(s, e.state())
+		for _, n := range e.Removed {
+			delete(s, n)
+		}
+	}
+	return s
+}
+
+// waitSinkState waits until the Istio sink holds want for collection.
+func (p *istioPeer) waitSinkState(collection string, want state) {
+	p.t.Helper()
+	waitUntil(p.t, fmt.Sprintf("Istio sink to hold %s = %v", collection, want), func() (bool, string) {
+		got, n := p.sinkState(collection)
+		return got.equal(want), fmt.Sprintf("%v after %d pushes; events: %s", got, n, p.describe())
+	})
+}
+
+// ---- meshfed's sink side: a recording Applier ----
+
+// applyCall is one Applier.Apply call.
+type applyCall struct {
+	collection  string
+	version     string // SystemVersionInfo
+	incremental bool
+	resources   state
+	removed     []string
+	err         error // non-nil: the push was NACKed
+}
+
+func (c applyCall) String() string {
+	s := fmt.Sprintf("%s@%s incremental=%v resources=%v removed=%v", c.collection, c.version, c.incremental, c.resources, c.removed)
+	if c.err != nil {
+		s += " NACK(" + c.err.Error() + ")"
+	}
+	return s
+}
+
+// recordingApplier is meshfed's Applier in these tests: it keeps every call and the state
+// the sink holds, and NACKs what reject refuses.
+type recordingApplier struct {
+	reject func(c *mcp.Change) error // optional; set before the sink starts
+
+	mu    sync.Mutex
+	calls []applyCall
+	state map[string]state
+}
+
+func newRecordingApplier(reject func(c *mcp.Change) error) *recordingApplier {
+	return &recordingApplier{reject: reject, state: make(map[string]state)}
+}
+
+func (a *recordingApplier) Apply(_ context.Context, c *mcp.Change) error {
+	call := applyCall{collection: c.Collection, version: c.SystemVersionInfo, incremental: c.Incremental, resources: state{}, removed: slices.Clone(c.Removed)}
+	var err error
+	for _, r := range c.Resources {
+		var sv wrapperspb.StringValue
+		if uerr := r.GetBody().UnmarshalTo(&sv); uerr != nil {
+			err = fmt.Errorf("resource %s: body is not a StringValue: %w", r.GetMetadata().GetName(), uerr)
+			break
+		}
+		call.resources[r.GetMetadata().GetName()] = res{r.GetMetadata().GetVersion(), sv.GetValue()}
+	}
+	if err == nil && a.reject != nil {
+		err = a.reject(c)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	call.err = err
+	a.calls = append(a.calls, call)
+	if err != nil {
+		return err
+	}
+	s := a.state[c.Collection]
+	if !c.Incremental || s == nil {
+		s = state{}
+	}
+	maps.Copy(s, call.resources)
+	for _, n := range c.Removed {
+		delete(s, n)
+	}
+	a.state[c.Collection] = s
+	return nil
+}
+
+func (a *recordingApplier) collectionState(collection string) state {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.state[collection])
+}
+
+// callsFor returns the Apply calls for a collection, in order.
+func (a *recordingApplier) callsFor(collection string) []applyCall {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []applyCall
+	for _, c := range a.calls {
+		if c.collection == collection {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (a *recordingApplier) allCalls() []applyCall {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.calls)
+}
+
+func (a *recordingApplier) waitState(t testing.TB, collection string, want state) {
+	t.Helper()
+	waitUntil(t, fmt.Sprintf("meshfed sink to hold %s = %v", collection, want), func() (bool, string) {
+		got := a.collectionState(collection)
+		return got.equal(want), fmt.Sprintf("%v; calls: %v", got, a.callsFor(collection))
+	})
+}
+
+// ---- meshfed stream observation ----
+
+// streamRecorder records meshfed's stream hooks. It can also hold a source stream right
+// after one push (a gate), to make coalescing deterministic.
+type streamRecorder struct {
+	mu       sync.Mutex
+	opened   int
+	closed   []error
+	pushes   []mcp.PushEvent
+	acks     []mcp.AckEvent
+	gate     *pushGate
+	gateTest testing.TB
+}
+
+// pushGate holds the source stream inside its Pushed hook (which runs on the stream's own
+// goroutine) after the next push of collection, until released.
+type pushGate struct {
+	collection string
+	reached    chan struct{}
+	release    chan struct{}
+	once       sync.Once
+}
+
+func (g *pushGate) open() { g.once.Do(func() { close(g.release) }) }
+
+func (r *streamRecorder) hooks() mcp.Hooks {
+	return mcp.Hooks{
+		StreamOpened: func(*mcp.StreamInfo) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.opened++
+		},
+		StreamClosed: func(_ *mcp.StreamInfo, err error) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.closed = append(r.closed, err)
+		},
+		Pushed: func(_ *mcp.StreamInfo, e mcp.PushEvent) {
+			r.mu.Lock()
+			r.pushes = append(r.pushes, e)
+			g := r.gate
+			if g != nil && g.collection == e.Collection {
+				r.gate = nil
+			} else {
+				g = nil
+			}
+			r.mu.Unlock()
+			if g != nil {
+				close(g.reached)
+				<-g.release
+			}
+		},
+		Acked: func(_ *mcp.StreamInfo, e mcp.AckEvent) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.acks = append(r.acks, e)
+		},
+	}
+}
+
+// armGate makes the next push of collection wait in the hook until the gate is opened. The
+// gate is opened when the test ends at the latest.
+func (r *streamRecorder) armGate(t testing.TB, collection string) *pushGate {
+	g := &pushGate{collection: collection, reached: make(chan struct{}), release: make(chan struct{})}
+	r.mu.Lock()
+	r.gate = g
+	r.mu.Unlock()
+	t.Cleanup(g.open)
+	return g
+}
+
+func (r *streamRecorder) streams() (opened int, closed []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.opened, slices.Clone(r.closed)
+}
+
+func (r *streamRecorder) pushesFor(collection string) []mcp.PushEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []mcp.PushEvent
+	for _, p := range r.pushes {
+		if p.Collection == collection {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (r *streamRecorder) acksFor(collection string) []mcp.AckEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []mcp.AckEvent
+	for _, a := range r.acks {
+		if a.Collection == collection {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// metric sums the series of a counter or gauge family whose labels include want.
+func metric(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue series
+				}
+			}
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return total
+}
+
+// ---- meshfed's gRPC plumbing ----
+
+// meshfedServer is a gRPC server with meshfed's MCP options on 127.0.0.1, restartable on the
+// same address.
+type meshfedServer struct {
+	t        testing.TB
+	register func(*grpc.Server)
+	addr     string
+
+	mu   sync.Mutex
+	srv  *grpc.Server
+	done chan struct{}
+}
+
+func startMeshfedServer(t testing.TB, register func(*grpc.Server)) *meshfedServer {
+	t.Helper()
+	s := &meshfedServer{t: t, register: register, addr: "127.0.0.1:0"}
+	s.start()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *meshfedServer) start() {
+	s.t.Helper()
+	var lis net.Listener
+	// The address is free again once the previous server stopped; retry briefly in case
+	// the kernel has not released it yet.
+	waitUntil(s.t, "listening on "+s.addr, func() (bool, string) {
+		var err error
+		lis, err = net.Listen("tcp", s.addr)
+		if err != nil && !errors.Is(err, syscall.EADDRINUSE) {
+			s.t.Fatalf("listen %s: %v", s.addr, err)
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+	s.addr = lis.Addr().String()
+	srv := grpc.NewServer(mcp.ServerOptions()...)
+	s.register(srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	s.mu.Lock()
+	s.srv, s.done = srv, done
+	s.mu.Unlock()
+}
+
+// stop stops the server (closing its listener and every stream); it may be started again.
+func (s *meshfedServer) stop() {
+	s.mu.Lock()
+	srv, done := s.srv, s.done
+	s.srv, s.done = nil, nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+		<-done
+	}
+}
+
+func (s *meshfedServer) restart() {
+	s.t.Helper()
+	s.stop()
+	s.start()
+}
+
+// dial returns a client connection to addr, closed when the test ends. Its reconnect backoff
+// is short so a restarted peer is found quickly.
+func dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: 5 * time.Second,
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// runLoop runs fn (a PullFrom or PushTo) again each time it returns, as a product caller
+// redials, until the test ends; it then cancels fn and waits for it.
+func runLoop(t testing.TB, log *slog.Logger, what string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			err := fn(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			log.Info(what+" ended; redialing", "err", err)
+			timer := time.NewTimer(redialDelay)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// sortedNames lists a state's names.
+func sortedNames(s state) []string {
+	n := slices.Collect(maps.Keys(s))
+	sort.Strings(n)
+	return n
+}
