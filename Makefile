@@ -6,7 +6,7 @@ FUZZTIME ?= 30s
 BENCHTIME ?= 1x
 PKGS := ./...
 
-.PHONY: help build test test-e2e bench fuzz lint proto verify
+.PHONY: help build testbins test test-e2e bench fuzz lint proto verify
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -14,15 +14,18 @@ help: ## list the targets
 build: ## compile every package and command
 	$(GO) build $(PKGS)
 
-test: ## unit and real-gRPC conformance tests, with -race (the CI command)
-	$(GO) test -race -count=1 $(PKGS)
+testbins: ## build (or find cached) kube-apiserver, etcd and Istio's MCP peer in .cache/bin
+	$(GO) run ./internal/testbin/build
 
-test-e2e: ## multi-process end-to-end tests (build tag e2e)
-	$(GO) test -race -count=1 -tags e2e $(PKGS)
+test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiserver, Istio interop (the CI command)
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
-bench: ## benchmark table (with same-run baselines) and Go benchmarks
+test-e2e: testbins ## multi-process end-to-end tests (build tag e2e)
+	$(GO) test -race -count=1 -timeout 30m -tags e2e $(PKGS)
+
+bench: testbins ## benchmark tables (with same-run baselines) and Go benchmarks
 	$(GO) run ./cmd/mcpbench
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./mcp/...
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./mcp/... ./minion/...
 
 fuzz: ## run every fuzz target for FUZZTIME each
 	@set -e; for pkg in $$($(GO) list ./...); do \

@@ -27,8 +27,10 @@ var ErrInvalidSpec = errors.New("invalid spec")
 // droppedAnnotations are not published: they repeat the object (kubectl's last applied
 // configuration) and would only make every resource bigger.
 var droppedAnnotations = map[string]bool{
-	"kubectl.kubernetes.io/last-applied-configuration": true,
+	lastApplied: true,
 }
+
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // Object is a configuration object as read from Kubernetes or a file.
 type Object struct {

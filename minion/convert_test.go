@@ -176,3 +176,19 @@ func FuzzConvert(f *testing.F) {
 func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }
 
 func sortStrings(s []string) { sort.Strings(s) }
+
+// BenchmarkConvert converts one realistic VirtualService per iteration (cmd/mcpbench prints
+// the same work next to a baseline).
+func BenchmarkConvert(b *testing.B) {
+	k := mustKind(b, vsColl)
+	o := obj(b, "shop", "cart", `{"spec":{"hosts":["cart.shop.svc.cluster.local","cart.example.com"],"gateways":["istio-system/gw","mesh"],
+		"http":[{"match":[{"uri":{"prefix":"/api/v2"}}],"route":[{"destination":{"host":"cart","subset":"v2"},"weight":10},
+		{"destination":{"host":"cart","subset":"v1"},"weight":90}],"timeout":"3s","retries":{"attempts":3,"perTryTimeout":"1s"}}]}}`)
+	o.Labels = map[string]string{"app": "cart", "team": "checkout"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Convert(k, o); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

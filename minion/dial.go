@@ -35,7 +35,7 @@ func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logg
 			delay = b.Initial.Duration
 		}
 		wait := time.Duration(rand.Int64N(int64(delay) + 1)) // full jitter
-		log.Warn("stream ended; reconnecting", "addr", addr, "err", err, "retry_in", wait.Round(time.Millisecond))
+		log.Warn("stream ended; reconnecting", "addr", addr, "err", err, "retry_in", wait.Round(time.Millisecond).String())
 		select {
 		case <-ctx.Done():
 			return

@@ -128,6 +128,9 @@ func (s *KubeSource) Run(ctx context.Context) error {
 				continue
 			}
 			inf := f.ForResource(k.GVR()).Informer()
+			if err := inf.SetTransform(trimObject); err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
 			if _, err := inf.AddEventHandler(s.handler(k)); err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
@@ -184,6 +187,22 @@ func (s *KubeSource) handler(k Kind) cache.ResourceEventHandlerFuncs {
 			s.mu.Unlock()
 		},
 	}
+}
+
+// trimObject drops what the minion never reads from an object before the informer caches
+// it: managedFields and kubectl's last-applied copy of the object, which together are often
+// larger than the object itself.
+func trimObject(obj any) (any, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		u.SetManagedFields(nil)
+		if a := u.GetAnnotations(); a != nil {
+			if _, has := a[lastApplied]; has {
+				delete(a, lastApplied)
+				u.SetAnnotations(a)
+			}
+		}
+	}
+	return obj, nil
 }
 
 func resourceName(k Kind, u *unstructured.Unstructured) string {

@@ -1,6 +1,10 @@
-// Command mcpbench prints the MCP engine's benchmark table: fan-out of one change to 1, 100
-// and 1,000 streams, for incremental and full-state sinks, each next to a raw-gRPC baseline
-// run in the same process right before it (the machine is noisy: read the ratio).
+// Command mcpbench prints meshfed's benchmark tables, each row next to a baseline run in the
+// same process right before it (the machine is noisy: read the ratio):
+//   - the MCP engine: fan-out of one change to 1, 100 and 1,000 streams, for incremental and
+//     full-state sinks, against raw gRPC sending the same bytes;
+//   - the minion: conversion throughput against a bare strict decode + marshal, and the
+//     initial sync of 10,000 objects from a real kube-apiserver to a connected sink (time and
+//     heap) against one paged LIST of the same objects.
 package main
 
 import (
@@ -8,15 +12,61 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/meshfed/meshfed/internal/bench"
+	"github.com/meshfed/meshfed/internal/testbin"
 )
 
 func main() {
 	changes := flag.Int("changes", 200, "changes measured per row")
 	resources := flag.Int("resources", 100, "resources in the collection")
 	size := flag.Int("size", 256, "bytes per resource body")
+	only := flag.String("only", "", "run only this table: engine or minion")
+	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
 	flag.Parse()
+	if *only != "minion" {
+		engineTable(*changes, *resources, *size)
+	}
+	if *only != "engine" {
+		minionTable(*kubeObjects)
+	}
+}
+
+func fail(what string, err error) {
+	fmt.Fprintf(os.Stderr, "%s: %v\n", what, err)
+	os.Exit(1)
+}
+
+func minionTable(kubeObjects int) {
+	fmt.Println()
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "minion scenario\tminion\tbaseline\tratio\tnotes\t")
+	c, err := bench.ConvertThroughput(20000)
+	if err != nil {
+		fail("convert", err)
+	}
+	fmt.Fprintf(w, "convert VirtualService (objects/s)\t%.0f\t%.0f\t%.2f\t%.0f vs %.0f allocs/object, %.0f B/resource; baseline: strict decode + marshal\t\n",
+		c.PerSec, c.BaselinePerSec, c.BaselinePerSec/c.PerSec, c.Allocs, c.BaselineAllocs, c.Bytes)
+	if kubeObjects > 0 {
+		root, err := testbin.RepoRoot()
+		if err != nil {
+			fail("repo", err)
+		}
+		s, err := bench.KubeInitialSync(kubeObjects, root)
+		if err != nil {
+			fail("initial sync", err)
+		}
+		fmt.Fprintf(w, "initial sync of %d objects, apiserver -> sink\t%v\t%v\t%.2f\tbaseline: one paged LIST by the same identity (creating them took %v)\t\n",
+			s.Objects, s.Sync.Round(time.Millisecond), s.BaselineList.Round(time.Millisecond), float64(s.Sync)/float64(s.BaselineList), s.Create.Round(time.Second))
+		per := 10000 / float64(s.Objects)
+		fmt.Fprintf(w, "heap per 10k objects (MiB)\t%.1f\t%.1f\t%.2f\tminion: informer cache + entries + store; baseline: the LIST result held\t\n",
+			s.HeapMiB*per, s.BaselineHeapMiB*per, s.HeapMiB/s.BaselineHeapMiB)
+	}
+	w.Flush()
+}
+
+func engineTable(changes, resources, size int) {
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "sinks\tstreams\tengine/change\tbaseline/change\tratio\tKB/change\tres-encodes/change\tbody-encodes/change\tallocs/change (engine)\tallocs/change (baseline)\t")
@@ -26,11 +76,11 @@ func main() {
 			mode = "full-state"
 		}
 		for _, n := range []int{1, 100, 1000} {
-			ch := *changes
+			ch := changes
 			if !incremental && n == 1000 {
 				ch = max(ch/4, 10) // 1,000 full states per change: keep the row short
 			}
-			cfg := bench.FanoutConfig{Streams: n, Resources: *resources, Changes: ch, Incremental: incremental, ResourceBytes: *size}
+			cfg := bench.FanoutConfig{Streams: n, Resources: resources, Changes: ch, Incremental: incremental, ResourceBytes: size}
 			base, err := bench.BaselineFanout(cfg)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "baseline:", err)

@@ -30,7 +30,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -50,6 +49,16 @@ import (
 
 	"github.com/meshfed/meshfed/internal/testbin"
 )
+
+// TB is the part of testing.TB this package uses, so that the benchmark command, which is
+// not a test, can run a control plane too.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
 
 // Identity is a user the apiserver authenticates by bearer token.
 type Identity struct {
@@ -77,7 +86,7 @@ type Env struct {
 	// Admin is the system:masters identity.
 	Admin Identity
 
-	t          testing.TB
+	t          TB
 	apiBin     string
 	apiArgs    []string
 	etcd       *proc
@@ -89,7 +98,7 @@ type Env struct {
 // Start runs etcd and kube-apiserver and waits until the apiserver is ready. identities are
 // extra users the token file knows (see ServiceAccount). Everything is stopped by t's
 // cleanup.
-func Start(t testing.TB, identities ...Identity) *Env {
+func Start(t TB, identities ...Identity) *Env {
 	t.Helper()
 	etcdBin := testbin.Require(t, "etcd")
 	apiBin := testbin.Require(t, "kube-apiserver")
@@ -346,7 +355,7 @@ type proc struct {
 	out []string   // last lines of output
 }
 
-func startProc(t testing.TB, name, bin string, args ...string) *proc {
+func startProc(t TB, name, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -407,7 +416,7 @@ func (p *proc) tail() string {
 
 // freePort returns a port that was free a moment ago on 127.0.0.1. The programs started
 // here take ports as flags, so a listener cannot be handed over.
-func freePort(t testing.TB) int {
+func freePort(t TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -417,7 +426,7 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func writeSAKey(t testing.TB, dir string) {
+func writeSAKey(t TB, dir string) {
 	t.Helper()
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {

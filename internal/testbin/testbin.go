@@ -23,7 +23,6 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-	"testing"
 )
 
 // Binary is one program the tests need.
@@ -114,8 +113,14 @@ func Path(name string) (string, error) {
 	return out, nil
 }
 
+// TB is the part of testing.TB that Require uses; the benchmark command provides its own.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
+
 // Require returns the named binary's path or fails the test.
-func Require(t testing.TB, name string) string {
+func Require(t TB, name string) string {
 	t.Helper()
 	p, err := Path(name)
 	if err != nil {
