@@ -13,6 +13,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
+
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Config is the minion's configuration file (YAML). Every field is optional except where
@@ -35,6 +37,25 @@ type Config struct {
 	HTTP string `json:"http,omitempty"`
 	// MaxMessageSize is the largest push sent, in bytes. Default 4 MiB − 1 KiB.
 	MaxMessageSize int `json:"maxMessageSize,omitempty"`
+	// TLS, when set, makes every connection mutual TLS: push destinations and mcp:// sources
+	// are dialed with this identity and must present a certificate that chains to caFile;
+	// the listener requires such a client certificate. The files are re-read when they
+	// change (rotation without restart). Unset: plaintext, logged as development mode.
+	TLS *TLSConfig `json:"tls,omitempty"`
+}
+
+// TLSConfig names the minion's certificate, key and trust bundle (PEM files).
+type TLSConfig struct {
+	CertFile string `json:"certFile"`
+	KeyFile  string `json:"keyFile"`
+	CAFile   string `json:"caFile"`
+	// ServerName, if set, is the name the hub's certificate must carry, instead of the host
+	// of the address dialed.
+	ServerName string `json:"serverName,omitempty"`
+}
+
+func (t *TLSConfig) files() meshtls.Files {
+	return meshtls.Files{Cert: t.CertFile, Key: t.KeyFile, CA: t.CAFile}
 }
 
 // SourceConfig is one source of configuration objects.
@@ -193,6 +214,11 @@ func (c *Config) Validate() error {
 	if c.HTTP != "" {
 		if _, _, err := net.SplitHostPort(c.HTTP); err != nil {
 			return fmt.Errorf("http: %v", err)
+		}
+	}
+	if c.TLS != nil {
+		if err := c.TLS.files().Validate(); err != nil {
+			return fmt.Errorf("tls: %w", err)
 		}
 	}
 	if c.MaxMessageSize < 0 {

@@ -23,9 +23,13 @@ destinations:
   push: ["push://hub-a:9901,hub-b:9901"]
   listen: 127.0.0.1:0
   backoff: {initial: 50ms, max: 5s}
+tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key, caFile: /tls/ca.crt, serverName: hub.example.com}
 `))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.TLS == nil || cfg.TLS.ServerName != "hub.example.com" || cfg.TLS.files().CA != "/tls/ca.crt" {
+		t.Errorf("tls = %+v", cfg.TLS)
 	}
 	if cfg.Sources[0].Resync.Duration != 30*time.Second || cfg.Destinations.Backoff.Max.Duration != 5*time.Second || cfg.HTTP != "127.0.0.1:9902" {
 		t.Errorf("cfg = %+v", cfg)
@@ -54,6 +58,8 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, sourcez: 1}`, "unknown field \"sourcez\""},
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {initial: 2s, max: 1s}}}`, "destinations.backoff"},
 		{"sources:\n  - url: a\n url: b", "not valid YAML"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, tls: {certFile: a, caFile: c}}`, "tls: keyFile is required"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {max: forever}}}`, "destinations.backoff.max"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

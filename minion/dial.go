@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 )
 
 // healthyStream is how long a stream must stay up for the next failure to restart the
@@ -18,13 +18,13 @@ const healthyStream = 10 * time.Second
 // waiting between failures with exponential backoff and full jitter, capped at b.Max.
 // It returns when ctx ends.
 // onEnd, if not nil, is told how each attempt ended.
-func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logger, onEnd func(addr string, err error),
+func redial(ctx context.Context, addrs []string, creds credentials.TransportCredentials, b BackoffConfig, log *slog.Logger, onEnd func(addr string, err error),
 	stream func(ctx context.Context, conn *grpc.ClientConn) error) {
 	delay := b.Initial.Duration
 	for i := 0; ctx.Err() == nil; i++ {
 		addr := addrs[i%len(addrs)]
 		start := time.Now()
-		err := dialOnce(ctx, addr, stream)
+		err := dialOnce(ctx, addr, creds, stream)
 		if ctx.Err() != nil {
 			return
 		}
@@ -45,9 +45,8 @@ func redial(ctx context.Context, addrs []string, b BackoffConfig, log *slog.Logg
 	}
 }
 
-func dialOnce(ctx context.Context, addr string, stream func(context.Context, *grpc.ClientConn) error) error {
-	// Plaintext until the TLS work lands; the minion logs this at start.
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func dialOnce(ctx context.Context, addr string, creds credentials.TransportCredentials, stream func(context.Context, *grpc.ClientConn) error) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -35,11 +37,19 @@ type hubSim struct {
 	streams int
 	reject  func(collection string, r *mcpapi.Resource) string
 	stop    func()
+	creds   credentials.TransportCredentials // nil: plaintext
+	peers   []string                         // client certificate common names, when TLS
 }
 
 func startHubSim(t testing.TB, collections ...string) *hubSim {
 	t.Helper()
-	h := &hubSim{collections: collections, state: map[string]map[string]*mcpapi.Resource{}, removed: map[string][]string{}}
+	return startHubSimWith(t, nil, collections...)
+}
+
+// startHubSimWith serves with creds (mutual TLS), recording each client certificate's name.
+func startHubSimWith(t testing.TB, creds credentials.TransportCredentials, collections ...string) *hubSim {
+	t.Helper()
+	h := &hubSim{collections: collections, state: map[string]map[string]*mcpapi.Resource{}, removed: map[string][]string{}, creds: creds}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +87,11 @@ func (h *hubSim) changesSince(n int) []*mcp.Change {
 }
 
 func (h *hubSim) serve(t testing.TB, lis net.Listener) func() {
-	srv := grpc.NewServer(mcp.ServerOptions()...)
+	opts := mcp.ServerOptions()
+	if h.creds != nil {
+		opts = append(opts, grpc.Creds(h.creds))
+	}
+	srv := grpc.NewServer(opts...)
 	log := testLog(t)
 	mcp.NewSinkServer(func(ctx context.Context, info *mcp.StreamInfo) (*mcp.Sink, error) {
 		h.mu.Lock()
@@ -85,13 +99,35 @@ func (h *hubSim) serve(t testing.TB, lis net.Listener) func() {
 		h.mu.Unlock()
 		return mcp.NewSink(mcp.SinkOptions{Collections: h.collections, Applier: h, Logger: log,
 			InitialVersions: h.versions})
-	}, mcp.ServerConfig{Logger: log, StreamRate: 1000, StreamBurst: 1000}).Register(srv)
+	}, mcp.ServerConfig{Logger: log, StreamRate: 1000, StreamBurst: 1000, Authenticate: h.authenticate}).Register(srv)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	var once sync.Once
 	stop := func() { once.Do(func() { srv.Stop(); <-done }) }
 	t.Cleanup(stop)
 	return stop
+}
+
+func (h *hubSim) authenticate(ctx context.Context) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return "", nil
+	}
+	name := ti.State.PeerCertificates[0].Subject.CommonName
+	h.mu.Lock()
+	h.peers = append(h.peers, name)
+	h.mu.Unlock()
+	return name, nil
+}
+
+func (h *hubSim) peerNames() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.peers...)
 }
 
 func (h *hubSim) versions(collection string) map[string]string {

@@ -21,8 +21,11 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/meshfed/meshfed/mcp"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // source is one input of the minion.
@@ -46,6 +49,10 @@ type Minion struct {
 	src     *mcp.Source
 	sources []source
 	kube    []*KubeSource
+	// clientCreds and serverCreds secure the dialed streams and the listener.
+	clientCreds credentials.TransportCredentials
+	serverCreds credentials.TransportCredentials
+	tlsOn       bool
 
 	mu    sync.Mutex      // guards the following fields
 	dests map[string]bool // push destination address -> stream up (the hub has requested)
@@ -84,6 +91,16 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 	for _, k := range kinds {
 		colls = append(colls, k.Collection)
 	}
+	m.clientCreds, m.serverCreds = insecure.NewCredentials(), insecure.NewCredentials()
+	if cfg.TLS != nil {
+		ts, err := meshtls.NewSource(cfg.TLS.files(), m.log)
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		m.clientCreds = credentials.NewTLS(ts.ClientConfig(cfg.TLS.ServerName))
+		m.serverCreds = credentials.NewTLS(ts.ServerConfig())
+		m.tlsOn = true
+	}
 	m.cache = mcp.NewCache(colls...)
 	names := make([]string, 0, len(cfg.Sources))
 	for _, s := range cfg.Sources {
@@ -107,7 +124,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 			m.sources = append(m.sources, ks)
 			m.kube = append(m.kube, ks)
 		case "mcp":
-			us, err := NewUpstreamSource(sc, cfg.Cluster, kinds, m.store, cfg.Destinations.Backoff, m.log, m.mcpMetrics)
+			us, err := NewUpstreamSource(sc, cfg.Cluster, kinds, m.store, m.clientCreds, cfg.Destinations.Backoff, m.log, m.mcpMetrics)
 			if err != nil {
 				return nil, err
 			}
@@ -298,17 +315,21 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		m.mu.Lock()
 		m.listenAddr = lis.Addr().String()
 		m.mu.Unlock()
-		srv := grpc.NewServer(mcp.ServerOptions()...)
+		srv := grpc.NewServer(append(mcp.ServerOptions(), grpc.Creds(m.serverCreds))...)
 		mcp.NewSourceServer(m.src, mcp.ServerConfig{Logger: m.log, Metrics: m.mcpMetrics}).Register(srv)
-		m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())
+		if !m.tlsOn {
+			m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())
+		}
 		g.Go(func() error { return srv.Serve(lis) })
 		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
 	for _, p := range m.cfg.Destinations.Push {
 		addrs, _ := parsePushURL(p)
-		m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
+		if !m.tlsOn {
+			m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
+		}
 		g.Go(func() error {
-			redial(ctx, addrs, m.cfg.Destinations.Backoff, m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			redial(ctx, addrs, m.clientCreds, m.cfg.Destinations.Backoff, m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				return m.src.PushTo(ctx, conn)
 			})
 			return nil
@@ -400,23 +421,45 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 		g.Go(func() error { return watchConfig(ctx, path, cfg, log, tel, changes) })
 	}
 	g.Go(func() error {
+		m, err := New(cfg, log, tel)
+		if err != nil {
+			return err
+		}
+		var last *Config // the configuration that ran before a reload, to go back to
 		for {
-			m, err := New(cfg, log, tel)
-			if err != nil {
-				return err
-			}
 			runCtx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() { done <- m.Run(runCtx) }()
-			select {
-			case err := <-done:
-				cancel()
-				return err
-			case cfg = <-changes:
-				log.Info("configuration changed; restarting components")
-				cancel()
-				if err := <-done; err != nil {
-					log.Error("components stopped with an error", "err", err)
+			running := true
+			for running {
+				select {
+				case err := <-done:
+					cancel()
+					if err == nil || ctx.Err() != nil || last == nil {
+						return err
+					}
+					// The new configuration could not run (a listen address in use, say):
+					// go back to the one that did.
+					log.Error("configuration refused: it failed to start; going back to the previous one", "err", err)
+					tel.Metrics.reload("refused")
+					if m, err = New(last, log, tel); err != nil {
+						return err
+					}
+					cfg, last, running = last, nil, false
+				case next := <-changes:
+					nm, err := New(next, log, tel)
+					if err != nil {
+						log.Error("configuration refused; keeping the running one", "err", err)
+						tel.Metrics.reload("refused")
+						continue
+					}
+					log.Info("configuration changed; restarting components in-process")
+					tel.Metrics.reload("applied")
+					cancel()
+					if err := <-done; err != nil {
+						log.Error("components stopped with an error", "err", err)
+					}
+					m, cfg, last, running = nm, next, cfg, false
 				}
 			}
 		}
@@ -454,7 +497,6 @@ func watchConfig(ctx context.Context, path string, current *Config, log *slog.Lo
 			if reflect.DeepEqual(cfg, current) {
 				continue
 			}
-			tel.Metrics.reload("applied")
 			current = cfg
 			select {
 			case changes <- cfg:

@@ -14,12 +14,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/mcp"
+	meshtls "github.com/meshfed/meshfed/tls"
+	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
 var fastBackoff = BackoffConfig{Initial: Duration{Duration: 10 * time.Millisecond}, Max: Duration{Duration: 200 * time.Millisecond}}
@@ -301,5 +304,49 @@ func TestHTTPEndpoints(t *testing.T) {
 	if status.Ready || status.Objects[vsColl] != 1 || len(status.Sources) != 2 || len(status.Sources[0].Problems) != 1 ||
 		!strings.HasPrefix(status.Sources[0].Problems[0].Where, "ns/broken.yaml:") {
 		t.Errorf("/status = %s", st)
+	}
+}
+
+func TestMinionMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t, "mesh-ca")
+	bundle := filepath.Join(dir, "ca.crt")
+	tlstest.WriteBundle(t, bundle, ca)
+	hc, hk, _ := ca.Issue(t, dir, "hub", "127.0.0.1")
+	hubTLS, err := meshtls.NewSource(meshtls.Files{Cert: hc, Key: hk, CA: bundle}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := startHubSimWith(t, credentials.NewTLS(hubTLS.ServerConfig()), vsColl, drColl)
+
+	root := t.TempDir()
+	write(t, root, "ns/a.yaml", vsDoc("a", "", "a"))
+	mc, mk, _ := ca.Issue(t, dir, "minion-east", "minion.east")
+	cfg := fsConfig(root, "push://"+hub.Addr)
+	cfg.TLS = &TLSConfig{CertFile: mc, KeyFile: mk, CAFile: bundle}
+	runMinion(t, cfg)
+	waitFor(t, 10*time.Second, "push over mutual TLS", func() bool { return hub.names(vsColl) == "ns/a" })
+	if p := hub.peerNames(); len(p) == 0 || p[0] != "minion-east" {
+		t.Fatalf("hub saw client certificates %v", p)
+	}
+
+	// A minion whose certificate comes from another CA never gets a stream.
+	other := tlstest.NewCA(t, "other-ca")
+	oc, ok, _ := other.Issue(t, dir, "intruder", "intruder")
+	bad := fsConfig(root, "push://"+hub.Addr)
+	bad.TLS = &TLSConfig{CertFile: oc, KeyFile: ok, CAFile: bundle}
+	m := runMinion(t, bad)
+	waitFor(t, 10*time.Second, "failed attempts", func() bool {
+		return metricValue(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": hub.Addr, "result": "failed"}) >= 2
+	})
+	if p := hub.peerNames(); len(p) != 1 {
+		t.Fatalf("hub admitted streams from %v", p)
+	}
+
+	// Bad TLS files are a configuration error naming the file.
+	broken := fsConfig(root, "push://"+hub.Addr)
+	broken.TLS = &TLSConfig{CertFile: mc, KeyFile: filepath.Join(dir, "missing.key"), CAFile: bundle}
+	if _, err := New(broken, testLog(t), NewTelemetry()); err == nil || !strings.Contains(err.Error(), "missing.key") {
+		t.Fatalf("New with a missing key: %v", err)
 	}
 }

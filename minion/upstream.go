@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -17,11 +18,12 @@ type UpstreamSource struct {
 	addr    string
 	sink    *mcp.Sink
 	backoff BackoffConfig
+	creds   credentials.TransportCredentials
 	log     *slog.Logger
 }
 
 // NewUpstreamSource returns a source for the mcp://host:port URL in cfg.
-func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *Store, backoff BackoffConfig, log *slog.Logger, mm *mcp.Metrics) (*UpstreamSource, error) {
+func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *Store, creds credentials.TransportCredentials, backoff BackoffConfig, log *slog.Logger, mm *mcp.Metrics) (*UpstreamSource, error) {
 	u, err := parseSourceURL(cfg.URL)
 	if err != nil {
 		return nil, err
@@ -30,7 +32,7 @@ func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *St
 	for _, k := range kinds {
 		colls = append(colls, k.Collection)
 	}
-	s := &UpstreamSource{name: cfg.URL, addr: u.addr, backoff: backoff, log: log.With("source", cfg.URL)}
+	s := &UpstreamSource{name: cfg.URL, addr: u.addr, backoff: backoff, creds: creds, log: log.With("source", cfg.URL)}
 	s.sink, err = mcp.NewSink(mcp.SinkOptions{
 		Collections: colls,
 		Node:        &mcppb.SinkNode{Id: "meshfed-minion/" + cluster},
@@ -60,7 +62,7 @@ func (s *UpstreamSource) Synced() bool { return s.sink.Synced() }
 // Run follows the upstream until ctx ends, reconnecting with backoff and resuming by
 // versions. What was received stays published while disconnected.
 func (s *UpstreamSource) Run(ctx context.Context) error {
-	redial(ctx, []string{s.addr}, s.backoff, s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+	redial(ctx, []string{s.addr}, s.creds, s.backoff, s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
 		return s.sink.PullFrom(ctx, conn)
 	})
 	return nil
