@@ -57,7 +57,7 @@ func minionTable(kubeObjects int) {
 		if err != nil {
 			fail("initial sync", err)
 		}
-		fmt.Fprintf(w, "initial sync of %d objects, apiserver -> sink\t%v\t%v\t%.2f\tbaseline: one paged LIST by the same identity (creating them took %v)\t\n",
+		fmt.Fprintf(w, "initial sync of %d objects, apiserver -> sink\t%v\t%v\t%.2f\tbaseline: the LIST an informer starts with, same identity (creating them took %v)\t\n",
 			s.Objects, s.Sync.Round(time.Millisecond), s.BaselineList.Round(time.Millisecond), float64(s.Sync)/float64(s.BaselineList), s.Create.Round(time.Second))
 		per := 10000 / float64(s.Objects)
 		fmt.Fprintf(w, "heap per 10k objects (MiB)\t%.1f\t%.1f\t%.2f\tminion: informer cache + entries + store; baseline: the LIST result held\t\n",
