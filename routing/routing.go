@@ -1,0 +1,308 @@
+// Package routing decides which part of the federated configuration each sink receives.
+//
+// Rules select sinks by their authenticated identity and by their SinkNode id and
+// annotations, and give them collections, clusters, namespaces and a label selector. A sink
+// receives the union of the rules that select it; a sink no rule selects receives nothing
+// unless the configuration names a default rule. Sinks selected by the same rules share one
+// Subset (the same pointer), so the hub computes, encodes and sends one view for all of them.
+//
+// It is pure: values in, decisions out, no I/O. It does not authenticate sinks (the identity
+// it is given is already verified) and does not check who may publish what (that is the
+// ownership ACL).
+package routing
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Rule gives the sinks it selects a part of the configuration. Within a rule, every non-empty
+// condition must hold; an empty condition holds for everything.
+type Rule struct {
+	// Name identifies the rule (unique); the admin API and logs use it.
+	Name string `json:"name"`
+
+	// Identities are patterns on the sink's authenticated identity, e.g.
+	// "spiffe://mesh.example.com/sink/prod-*". "*" matches any run of characters.
+	Identities []string `json:"identities,omitempty"`
+	// NodeIDs are patterns on the SinkNode id the sink sends.
+	NodeIDs []string `json:"nodeIds,omitempty"`
+	// Annotations the SinkNode must carry, with value patterns. Annotations are what the
+	// sink says about itself: a rule that grants sensitive data should also name identities.
+	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// Collections are patterns on collection names ("istio/networking/*").
+	Collections []string `json:"collections,omitempty"`
+	// Clusters are patterns on the origin cluster's name.
+	Clusters []string `json:"clusters,omitempty"`
+	// Namespaces are patterns on the resource's namespace ("" for cluster-scoped resources).
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Labels is a Kubernetes label selector on the resource's labels ("mesh=shared").
+	Labels string `json:"labels,omitempty"`
+}
+
+// Config is the routing part of the hub configuration.
+type Config struct {
+	// Rules, in any order (the union is taken).
+	Rules []Rule `json:"rules,omitempty"`
+	// Default, if set, is what a sink no rule selects receives; its selection conditions
+	// are ignored. Unset: such a sink receives nothing (every collection it asks for is
+	// answered with an empty state).
+	Default *Rule `json:"default,omitempty"`
+}
+
+// Sink is what the hub knows about a sink when it subscribes.
+type Sink struct {
+	// Identity is the authenticated transport identity (a SPIFFE ID, or "" in development
+	// mode without one).
+	Identity string
+	// NodeID and Annotations are from the SinkNode the sink sent.
+	NodeID      string
+	Annotations map[string]string
+}
+
+// rule is a compiled Rule.
+type rule struct {
+	name                         string
+	identities, nodeIDs          []glob
+	annotations                  map[string]glob
+	collections, clusters, names []glob
+	selector                     labels.Selector // nil: everything
+}
+
+// Table is a compiled routing configuration. It is safe for concurrent use.
+type Table struct {
+	rules []*rule // sorted by name
+	def   *rule
+
+	mu      sync.Mutex // guards subsets
+	subsets map[string]*Subset
+}
+
+// New compiles and validates cfg. Errors name the field.
+func New(cfg Config) (*Table, error) {
+	t := &Table{subsets: map[string]*Subset{}}
+	seen := map[string]bool{}
+	for i, r := range cfg.Rules {
+		field := fmt.Sprintf("rules[%d]", i)
+		if r.Name == "" {
+			return nil, fmt.Errorf("%s.name: required", field)
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("%s.name: %q is used twice", field, r.Name)
+		}
+		seen[r.Name] = true
+		cr, err := compile(field, r)
+		if err != nil {
+			return nil, err
+		}
+		t.rules = append(t.rules, cr)
+	}
+	sort.Slice(t.rules, func(i, j int) bool { return t.rules[i].name < t.rules[j].name })
+	if cfg.Default != nil {
+		d := *cfg.Default
+		if d.Name == "" {
+			d.Name = "default"
+		}
+		if seen[d.Name] {
+			return nil, fmt.Errorf("default.name: %q is also a rule's name", d.Name)
+		}
+		d.Identities, d.NodeIDs, d.Annotations = nil, nil, nil
+		cr, err := compile("default", d)
+		if err != nil {
+			return nil, err
+		}
+		t.def = cr
+	}
+	return t, nil
+}
+
+func compile(field string, r Rule) (*rule, error) {
+	cr := &rule{name: r.Name}
+	var err error
+	if cr.identities, err = globs(field+".identities", r.Identities); err != nil {
+		return nil, err
+	}
+	if cr.nodeIDs, err = globs(field+".nodeIds", r.NodeIDs); err != nil {
+		return nil, err
+	}
+	if cr.collections, err = globs(field+".collections", r.Collections); err != nil {
+		return nil, err
+	}
+	if cr.clusters, err = globs(field+".clusters", r.Clusters); err != nil {
+		return nil, err
+	}
+	if cr.names, err = globs(field+".namespaces", r.Namespaces); err != nil {
+		return nil, err
+	}
+	if len(r.Annotations) > 0 {
+		cr.annotations = map[string]glob{}
+		for k, v := range r.Annotations {
+			if k == "" {
+				return nil, fmt.Errorf("%s.annotations: empty key", field)
+			}
+			cr.annotations[k] = newGlob(v)
+		}
+	}
+	if r.Labels != "" {
+		sel, err := labels.Parse(r.Labels)
+		if err != nil {
+			return nil, fmt.Errorf("%s.labels: %v", field, err)
+		}
+		cr.selector = sel
+	}
+	return cr, nil
+}
+
+func globs(field string, patterns []string) ([]glob, error) {
+	out := make([]glob, 0, len(patterns))
+	for i, p := range patterns {
+		if p == "" {
+			return nil, fmt.Errorf("%s[%d]: empty pattern", field, i)
+		}
+		out = append(out, newGlob(p))
+	}
+	return out, nil
+}
+
+// Select returns the Subset for sink s: the union of the rules that select it (or the
+// default rule, or nothing). Sinks selected by the same rules get the same *Subset.
+func (t *Table) Select(s Sink) *Subset {
+	var chosen []*rule
+	for _, r := range t.rules {
+		if r.selects(s) {
+			chosen = append(chosen, r)
+		}
+	}
+	if len(chosen) == 0 && t.def != nil {
+		chosen = []*rule{t.def}
+	}
+	names := make([]string, len(chosen))
+	for i, r := range chosen {
+		names[i] = r.name
+	}
+	key := strings.Join(names, ",")
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sub := t.subsets[key]; sub != nil {
+		return sub
+	}
+	sub := &Subset{key: key, rules: chosen}
+	t.subsets[key] = sub
+	return sub
+}
+
+// Rules returns the names of the rules in the table, sorted.
+func (t *Table) Rules() []string {
+	out := make([]string, len(t.rules))
+	for i, r := range t.rules {
+		out[i] = r.name
+	}
+	return out
+}
+
+func (r *rule) selects(s Sink) bool {
+	if !anyMatch(r.identities, s.Identity) || !anyMatch(r.nodeIDs, s.NodeID) {
+		return false
+	}
+	for k, g := range r.annotations {
+		v, ok := s.Annotations[k]
+		if !ok || !g.match(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// anyMatch reports whether s matches one of gs; an empty list matches everything.
+func anyMatch(gs []glob, s string) bool {
+	if len(gs) == 0 {
+		return true
+	}
+	for _, g := range gs {
+		if g.match(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Subset is what a set of rules gives a sink. Subsets are immutable.
+type Subset struct {
+	key   string
+	rules []*rule
+}
+
+// Key identifies the subset: the names of its rules, sorted and joined by ","; "" for
+// nothing.
+func (s *Subset) Key() string { return s.key }
+
+// Rules returns the names of the subset's rules.
+func (s *Subset) Rules() []string {
+	out := make([]string, len(s.rules))
+	for i, r := range s.rules {
+		out[i] = r.name
+	}
+	return out
+}
+
+// Empty reports whether the subset includes nothing at all.
+func (s *Subset) Empty() bool { return len(s.rules) == 0 }
+
+// WantsCollection reports whether any resource of collection can be in the subset.
+func (s *Subset) WantsCollection(collection string) bool {
+	for _, r := range s.rules {
+		if anyMatch(r.collections, collection) {
+			return true
+		}
+	}
+	return false
+}
+
+// Includes reports whether a resource is in the subset: some rule includes its collection,
+// origin cluster, namespace ("" for cluster-scoped) and labels.
+func (s *Subset) Includes(collection, cluster, namespace string, lbls map[string]string) bool {
+	for _, r := range s.rules {
+		if anyMatch(r.collections, collection) && anyMatch(r.clusters, cluster) && anyMatch(r.names, namespace) &&
+			(r.selector == nil || r.selector.Matches(labels.Set(lbls))) {
+			return true
+		}
+	}
+	return false
+}
+
+// glob is a pattern where "*" matches any run of characters (including "/" and "").
+type glob struct {
+	exact string   // set when the pattern has no "*"
+	parts []string // the pattern split at "*", when it has one
+}
+
+func newGlob(p string) glob {
+	if !strings.Contains(p, "*") {
+		return glob{exact: p}
+	}
+	return glob{parts: strings.Split(p, "*")}
+}
+
+func (g glob) match(s string) bool {
+	if g.parts == nil {
+		return s == g.exact
+	}
+	first, last := g.parts[0], g.parts[len(g.parts)-1]
+	if len(s) < len(first)+len(last) || !strings.HasPrefix(s, first) || !strings.HasSuffix(s, last) {
+		return false
+	}
+	s = s[len(first) : len(s)-len(last)]
+	for _, mid := range g.parts[1 : len(g.parts)-1] {
+		i := strings.Index(s, mid)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(mid):]
+	}
+	return true
+}

@@ -1,0 +1,186 @@
+package routing
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshfed/meshfed/internal/golden"
+)
+
+// scenarioSink and scenarioResource are the YAML forms of a golden file's sinks and
+// resources.
+type scenarioSink struct {
+	Identity    string            `json:"identity"`
+	Node        string            `json:"node"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+type scenarioResource struct {
+	Collection string            `json:"collection"`
+	Cluster    string            `json:"cluster"`
+	Name       string            `json:"name"`
+	Labels     map[string]string `json:"labels"`
+}
+
+// TestGolden runs testdata/*.txtar: a routing config, sinks and resources in; for each sink
+// its subset and the resources it receives out. `go test -update` rewrites the want sections.
+func TestGolden(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.txtar")
+	if len(files) == 0 {
+		t.Fatal("no golden files")
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := golden.Parse(data)
+			cfgText, _ := f.Get("config.yaml")
+			var cfg Config
+			if err := yaml.UnmarshalStrict([]byte(cfgText), &cfg); err != nil {
+				t.Fatalf("config.yaml: %v", err)
+			}
+			var sinks []scenarioSink
+			var resources []scenarioResource
+			sinksText, _ := f.Get("sinks.yaml")
+			resText, _ := f.Get("resources.yaml")
+			if err := yaml.UnmarshalStrict([]byte(sinksText), &sinks); err != nil {
+				t.Fatalf("sinks.yaml: %v", err)
+			}
+			if err := yaml.UnmarshalStrict([]byte(resText), &resources); err != nil {
+				t.Fatalf("resources.yaml: %v", err)
+			}
+			var b strings.Builder
+			table, err := New(cfg)
+			if err != nil {
+				fmt.Fprintf(&b, "config error: %v\n", err)
+			} else {
+				for _, s := range sinks {
+					sub := table.Select(Sink{Identity: s.Identity, NodeID: s.Node, Annotations: s.Annotations})
+					fmt.Fprintf(&b, "sink identity=%q node=%q -> rules [%s]\n", s.Identity, s.Node, sub.Key())
+					var lines []string
+					for _, r := range resources {
+						ns, _, ok := strings.Cut(r.Name, "/")
+						if !ok {
+							ns = ""
+						}
+						if sub.Includes(r.Collection, r.Cluster, ns, r.Labels) {
+							lines = append(lines, fmt.Sprintf("  %s %s %s", r.Collection, r.Cluster, r.Name))
+						}
+					}
+					sort.Strings(lines)
+					for _, l := range lines {
+						b.WriteString(l + "\n")
+					}
+				}
+			}
+			diff, err := golden.Check(path, f, b.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff != "" {
+				t.Errorf("%s differs (go test -update rewrites it):\n%s", path, diff)
+			}
+		})
+	}
+}
+
+func TestSameRulesShareOneSubset(t *testing.T) {
+	table, err := New(Config{Rules: []Rule{
+		{Name: "prod", Identities: []string{"spiffe://m/sink/prod-*"}},
+		{Name: "istio", NodeIDs: []string{"istiod-*"}, Collections: []string{"istio/*"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := table.Select(Sink{Identity: "spiffe://m/sink/prod-1", NodeID: "istiod-a"})
+	b := table.Select(Sink{Identity: "spiffe://m/sink/prod-2", NodeID: "istiod-b"})
+	c := table.Select(Sink{Identity: "spiffe://m/sink/prod-3", NodeID: "other"})
+	if a != b || a.Key() != "istio,prod" || c == a || c.Key() != "prod" {
+		t.Fatalf("subsets %p %q, %p %q, %p %q", a, a.Key(), b, b.Key(), c, c.Key())
+	}
+	if none := table.Select(Sink{Identity: "spiffe://m/other"}); !none.Empty() || none.WantsCollection("istio/x") || none.Includes("istio/x", "c", "ns", nil) {
+		t.Fatal("an unmatched sink got something without a default rule")
+	}
+}
+
+func TestNewErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Rules: []Rule{{}}}, "rules[0].name: required"},
+		{Config{Rules: []Rule{{Name: "a"}, {Name: "a"}}}, `rules[1].name: "a" is used twice`},
+		{Config{Rules: []Rule{{Name: "a", Labels: "x in ("}}}, "rules[0].labels"},
+		{Config{Rules: []Rule{{Name: "a", Clusters: []string{""}}}}, "rules[0].clusters[0]: empty pattern"},
+		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, "default.name"},
+		{Config{Rules: []Rule{{Name: "a", Annotations: map[string]string{"": "x"}}}}, "rules[0].annotations: empty key"},
+	} {
+		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestGlob(t *testing.T) {
+	for _, tc := range []struct {
+		p, s string
+		want bool
+	}{
+		{"a", "a", true}, {"a", "ab", false}, {"*", "", true}, {"*", "x/y", true},
+		{"a*", "a", true}, {"a*", "abc", true}, {"*c", "abc", true}, {"a*c", "ac", true},
+		{"a*c", "abbc", true}, {"a*c", "ab", false}, {"a*b*c", "a-b-c", true}, {"a*b*c", "a-c", false},
+		{"spiffe://m/*/prod", "spiffe://m/x/y/prod", true}, {"ab*ba", "aba", false},
+	} {
+		if got := newGlob(tc.p).match(tc.s); got != tc.want {
+			t.Errorf("%q ~ %q = %v, want %v", tc.p, tc.s, got, tc.want)
+		}
+	}
+}
+
+// FuzzSelect: any rules and sink never panic; a resource included by the subset is included
+// by at least one of its rules' conditions, and Select is deterministic.
+func FuzzSelect(f *testing.F) {
+	f.Add("spiffe://m/*", "istiod-*", "istio/*", "c*", "ns", "a=b", "spiffe://m/x", "istiod-1", "istio/v", "c1", "ns")
+	f.Fuzz(func(t *testing.T, idP, nodeP, collP, clP, nsP, sel, id, node, coll, cl, ns string) {
+		table, err := New(Config{Rules: []Rule{{Name: "r", Identities: []string{idP}, NodeIDs: []string{nodeP},
+			Collections: []string{collP}, Clusters: []string{clP}, Namespaces: []string{nsP}, Labels: sel}}})
+		if err != nil {
+			return
+		}
+		s := Sink{Identity: id, NodeID: node}
+		a, b := table.Select(s), table.Select(s)
+		if a != b {
+			t.Fatal("Select not deterministic")
+		}
+		in := a.Includes(coll, cl, ns, map[string]string{"a": "b"})
+		if in && (!newGlob(collP).match(coll) || !newGlob(clP).match(cl) || !newGlob(nsP).match(ns)) {
+			t.Fatal("included a resource its rule excludes")
+		}
+	})
+}
+
+func BenchmarkIncludes(b *testing.B) {
+	var rules []Rule
+	for i := range 20 {
+		rules = append(rules, Rule{Name: fmt.Sprintf("r%02d", i), Collections: []string{"istio/networking/*"},
+			Clusters: []string{fmt.Sprintf("c%02d-*", i)}, Namespaces: []string{"team-*"}, Labels: "mesh=shared"})
+	}
+	table, err := New(Config{Rules: rules})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sub := table.Select(Sink{})
+	lbls := map[string]string{"mesh": "shared", "app": "x"}
+	b.ReportAllocs()
+	for b.Loop() {
+		sub.Includes("istio/networking/v1alpha3/virtualservices", "c19-east", "team-a", lbls)
+	}
+}
