@@ -191,7 +191,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	for i, k := range c.Kinds {
-		if err := k.validate(); err != nil {
+		if err := k.Validate(); err != nil {
 			return fmt.Errorf("kinds[%d]: %w", i, err)
 		}
 	}

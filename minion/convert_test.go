@@ -36,7 +36,7 @@ func TestBuiltinKindsResolve(t *testing.T) {
 		t.Errorf("%d builtin kinds, want 14", n)
 	}
 	for _, k := range BuiltinKinds() {
-		if err := k.validate(); err != nil {
+		if err := k.Validate(); err != nil {
 			t.Errorf("%s: %v", k.Collection, err)
 		}
 		// An empty spec is valid for every kind.
