@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -225,8 +224,13 @@ func (e peerEvent) state() state {
 
 func (e peerEvent) String() string {
 	if e.Event != "applied" {
-		b, _ := json.Marshal(e)
-		return string(b)
+		var parts []string
+		for _, f := range []string{e.Addr, e.Collection, e.Message} {
+			if f != "" {
+				parts = append(parts, f)
+			}
+		}
+		return e.Event + "(" + strings.Join(parts, " ") + ")"
 	}
 	return fmt.Sprintf("applied(%s incremental=%v resources=%v removed=%v)", e.Collection, e.Incremental, e.state(), e.Removed)
 }
@@ -302,6 +306,7 @@ func startPeer(t testing.TB, cfg peerConfig) *istioPeer {
 		want = "listening"
 	}
 	waitUntil(t, "istio-mcp-peer's "+want+" event", func() (bool, string) {
+		p.failIfEnded()
 		for _, e := range p.all() {
 			if e.Event == want {
 				p.addr = e.Addr
@@ -374,6 +379,19 @@ func (p *istioPeer) restart() *istioPeer {
 	return startPeer(p.t, cfg)
 }
 
+// failIfEnded fails the test at once if the process ended without being killed (for
+// example because it could not listen).
+func (p *istioPeer) failIfEnded() {
+	p.t.Helper()
+	p.mu.Lock()
+	ended := p.eof && !p.killed
+	p.mu.Unlock()
+	if ended {
+		<-p.readDone
+		p.t.Fatalf("istio-mcp-peer %s ended unexpectedly; events: %s", p.cfg.mode, p.describe())
+	}
+}
+
 func (p *istioPeer) all() []peerEvent {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -421,6 +439,7 @@ func (p *istioPeer) set(collection, version string, s state) {
 		p.t.Fatalf("writing to istio-mcp-peer: %v", err)
 	}
 	waitUntil(p.t, fmt.Sprintf("istio-mcp-peer to confirm set %s@%s", collection, version), func() (bool, string) {
+		p.failIfEnded()
 		return count() > before, p.describe()
 	})
 }
@@ -439,7 +458,8 @@ func (p *istioPeer) applied(collection string) []peerEvent {
 // sinkState replays an Istio sink's applied events for a collection (full state replaces,
 // incremental adds, updates and removes) into the state that sink holds.
 func (p *istioPeer) sinkState(collection string) (s state, pushes int) {
-	return replay(p.applied(collection)), len(p.applied(collection))
+	applied := p.applied(collection)
+	return replay(applied), len(applied)
 }
 
 func replay(events []peerEvent) state {
@@ -798,11 +818,4 @@ func runLoop(t testing.TB, log *slog.Logger, what string, fn func(ctx context.Co
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-}
-
-// sortedNames lists a state's names.
-func sortedNames(s state) []string {
-	n := slices.Collect(maps.Keys(s))
-	sort.Strings(n)
-	return n
 }
