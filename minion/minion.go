@@ -23,10 +23,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/meshfed/meshfed/mcp"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
+
+// devIdentityHeader carries the cluster name to a hub in development mode (no TLS), which
+// takes it on trust; with TLS the hub uses the certificate's identity instead.
+const devIdentityHeader = "x-meshfed-dev-identity"
 
 // source is one input of the minion.
 type source interface {
@@ -330,6 +335,10 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		}
 		g.Go(func() error {
 			redial(ctx, addrs, m.clientCreds, m.cfg.Destinations.Backoff, m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				if !m.tlsOn {
+					// Development mode: tell a hub in development mode who we claim to be.
+					ctx = metadata.AppendToOutgoingContext(ctx, devIdentityHeader, m.cfg.Cluster)
+				}
 				return m.src.PushTo(ctx, conn)
 			})
 			return nil

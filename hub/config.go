@@ -1,0 +1,373 @@
+package hub
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/mcp/kinds"
+	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
+)
+
+// DevIdentityHeader carries a peer's claimed identity in development mode (no TLS). The
+// minion sends its cluster name in it when it runs without TLS.
+const DevIdentityHeader = "x-meshfed-dev-identity"
+
+// Config is the hub's configuration file (YAML). DefaultConfig is what runs with no file.
+type Config struct {
+	// Ingest is where minions push (ResourceSink). Default 127.0.0.1:9901.
+	Ingest string `json:"ingest,omitempty"`
+	// Serve is where sinks subscribe (ResourceSource). Default 127.0.0.1:9900.
+	Serve string `json:"serve,omitempty"`
+	// HTTP is the admin API, /metrics, /healthz, /readyz and pprof. Empty disables it.
+	// Default 127.0.0.1:9990.
+	HTTP string `json:"http,omitempty"`
+
+	// TLS makes both gRPC listeners require mutual TLS; a peer's identity is its
+	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Required unless
+	// DevMode.
+	TLS *TLSConfig `json:"tls,omitempty"`
+	// DevMode serves plaintext and takes a peer's identity from the x-meshfed-dev-identity
+	// header, which anyone can set: for a laptop, never for production. Logged loudly.
+	DevMode bool `json:"devMode,omitempty"`
+
+	// Clusters that may publish, each with its identities and what it owns.
+	Clusters []ClusterConfig `json:"clusters"`
+	// SharedNamespaces are namespace patterns several clusters may own at once; outside
+	// them, overlapping namespace ownership is a configuration error.
+	SharedNamespaces []string `json:"sharedNamespaces,omitempty"`
+	// DomainSuffix resolves short host names ("reviews" in namespace "shop" is
+	// reviews.shop.svc.<suffix>). Default cluster.local.
+	DomainSuffix string `json:"domainSuffix,omitempty"`
+	// Collections the hub accepts and serves. Default: every built-in Istio collection.
+	Collections []string `json:"collections,omitempty"`
+	// Conflicts decides which cluster's resource is served when several publish the same
+	// collection/namespace/name.
+	Conflicts ConflictConfig `json:"conflicts,omitempty"`
+	// Staleness says how long a disconnected cluster's resources stay served.
+	Staleness StalenessConfig `json:"staleness,omitempty"`
+	// WarmUp: after a start, nothing is served until every configured cluster has synced or
+	// this long has passed, so a sink never gets an empty state because the hub restarted.
+	// Default 30s.
+	WarmUp Duration `json:"warmUp,omitempty"`
+	// Routing gives each sink its subset.
+	Routing routing.Config `json:"routing"`
+	// MaxMessageSize is the largest push sent to a sink, in bytes. Default 4 MiB − 1 KiB.
+	MaxMessageSize int `json:"maxMessageSize,omitempty"`
+}
+
+// TLSConfig names the hub's certificate, key and trust bundle (PEM files, re-read on change).
+type TLSConfig struct {
+	CertFile string `json:"certFile"`
+	KeyFile  string `json:"keyFile"`
+	CAFile   string `json:"caFile"`
+}
+
+func (t *TLSConfig) files() meshtls.Files {
+	return meshtls.Files{Cert: t.CertFile, Key: t.KeyFile, CA: t.CAFile}
+}
+
+// ClusterConfig is one cluster allowed to publish.
+type ClusterConfig struct {
+	// Name is the cluster's name in the hub (routing rules, the origin annotation, the API).
+	Name string `json:"name"`
+	// Identities are the authenticated identities that are this cluster, exactly (e.g.
+	// spiffe://mesh.example.com/cluster/east).
+	Identities []string `json:"identities"`
+	// Namespaces it owns: "shop", "team-*", "*".
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Hosts it owns: "api.example.com", "*.shop.example.com", "*".
+	Hosts []string `json:"hosts,omitempty"`
+	// ClusterScoped lists the collections whose cluster-scoped resources it may publish.
+	ClusterScoped []string `json:"clusterScoped,omitempty"`
+}
+
+// ConflictConfig is the conflict policy.
+type ConflictConfig struct {
+	// Priority lists cluster names, highest first; unlisted clusters come after. Without
+	// it (the default), the resource with the oldest create_time wins, ties by cluster name.
+	Priority []string `json:"priority,omitempty"`
+}
+
+// StalenessConfig says how long a disconnected cluster's resources stay served.
+type StalenessConfig struct {
+	// Default applies to collections not listed: "keep" (forever, the default) or a
+	// duration ("10m") after which they are dropped.
+	Default string `json:"default,omitempty"`
+	// Collections overrides Default per collection.
+	Collections map[string]string `json:"collections,omitempty"`
+}
+
+// ttl returns how long a disconnected cluster's resources of collection stay (0: forever).
+func (s StalenessConfig) ttl(collection string) time.Duration {
+	v, ok := s.Collections[collection]
+	if !ok {
+		v = s.Default
+	}
+	d, _ := parseStaleness(v)
+	return d
+}
+
+func parseStaleness(v string) (time.Duration, error) {
+	if v == "" || v == "keep" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q: want \"keep\" or a positive duration like \"10m\"", v)
+	}
+	return d, nil
+}
+
+// Duration is a time.Duration written as "30s". A value that does not parse is reported
+// by Validate with the field's name.
+type Duration struct {
+	time.Duration
+	err error
+}
+
+// UnmarshalJSON parses a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		d.err = fmt.Errorf("%s is not a duration string like \"30s\"", b)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		d.err = fmt.Errorf("%q is not a duration (want e.g. \"30s\")", s)
+	case v < 0:
+		d.err = fmt.Errorf("duration %q is negative", s)
+	default:
+		d.Duration, d.err = v, nil
+	}
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// DefaultConfig runs on one machine: development mode, one cluster "dev" (what a minion
+// with its default configuration calls itself) owning everything, every sink receiving
+// everything.
+func DefaultConfig() *Config {
+	return &Config{
+		DevMode:  true,
+		Clusters: []ClusterConfig{{Name: "dev", Identities: []string{"dev"}, Namespaces: []string{"*"}, Hosts: []string{"*"}}},
+		Routing:  routing.Config{Default: &routing.Rule{Name: "everything"}},
+		WarmUp:   Duration{Duration: 5 * time.Second},
+	}
+}
+
+// LoadConfig reads and validates a configuration file.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses and validates a configuration. Unknown fields are errors.
+func ParseConfig(data []byte) (*Config, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not valid YAML: %v", err)
+	}
+	cfg := &Config{}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		return nil, fmt.Errorf("%v", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// compiled is what Validate builds from a Config.
+type compiled struct {
+	policy   *acl.Policy
+	routes   *routing.Table
+	identity map[string]string // identity -> cluster
+}
+
+// Validate checks the configuration, fills defaults and compiles the ACL and the routing
+// table. Errors name the field.
+func (c *Config) Validate() error {
+	_, err := c.compile()
+	return err
+}
+
+func (c *Config) compile() (*compiled, error) {
+	if c.Ingest == "" {
+		c.Ingest = "127.0.0.1:9901"
+	}
+	if c.Serve == "" {
+		c.Serve = "127.0.0.1:9900"
+	}
+	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve, "http": c.HTTP} {
+		if addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("%s: %v", field, err)
+		}
+	}
+	switch {
+	case c.TLS == nil && !c.DevMode:
+		return nil, errors.New("tls: required unless devMode is true")
+	case c.TLS != nil && c.DevMode:
+		return nil, errors.New("devMode: cannot be combined with tls")
+	case c.TLS != nil:
+		if err := c.TLS.files().Validate(); err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+	}
+	if c.WarmUp.err != nil {
+		return nil, fmt.Errorf("warmUp: %w", c.WarmUp.err)
+	}
+	if c.WarmUp.Duration == 0 {
+		c.WarmUp.Duration = 30 * time.Second
+	}
+	if c.MaxMessageSize < 0 {
+		return nil, fmt.Errorf("maxMessageSize: %d is negative", c.MaxMessageSize)
+	}
+	if len(c.Collections) == 0 {
+		c.Collections = kinds.Collections()
+	}
+	seenColl := map[string]bool{}
+	for i, coll := range c.Collections {
+		if coll == "" || seenColl[coll] {
+			return nil, fmt.Errorf("collections[%d]: %q is empty or listed twice", i, coll)
+		}
+		seenColl[coll] = true
+	}
+	if _, err := parseStaleness(c.Staleness.Default); err != nil {
+		return nil, fmt.Errorf("staleness.default: %w", err)
+	}
+	for coll, v := range c.Staleness.Collections {
+		if !seenColl[coll] {
+			return nil, fmt.Errorf("staleness.collections: %q is not a served collection", coll)
+		}
+		if _, err := parseStaleness(v); err != nil {
+			return nil, fmt.Errorf("staleness.collections[%s]: %w", coll, err)
+		}
+	}
+	if len(c.Clusters) == 0 {
+		return nil, errors.New("clusters: at least one cluster is required")
+	}
+	out := &compiled{identity: map[string]string{}}
+	owners := make([]acl.Cluster, 0, len(c.Clusters))
+	names := map[string]bool{}
+	for i, cl := range c.Clusters {
+		field := fmt.Sprintf("clusters[%d]", i)
+		if cl.Name == "" {
+			return nil, fmt.Errorf("%s.name: required", field)
+		}
+		if names[cl.Name] {
+			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
+		}
+		names[cl.Name] = true
+		if len(cl.Identities) == 0 {
+			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required", field, cl.Name)
+		}
+		for j, id := range cl.Identities {
+			if other, dup := out.identity[id]; dup || id == "" {
+				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)
+			}
+			out.identity[id] = cl.Name
+		}
+		owners = append(owners, acl.Cluster{Name: cl.Name, Namespaces: cl.Namespaces, Hosts: cl.Hosts, ClusterScoped: cl.ClusterScoped})
+	}
+	for i, p := range c.Conflicts.Priority {
+		if !names[p] {
+			return nil, fmt.Errorf("conflicts.priority[%d]: %q is not a configured cluster", i, p)
+		}
+	}
+	var err error
+	if out.policy, err = acl.New(owners, acl.Options{DomainSuffix: c.DomainSuffix}); err != nil {
+		return nil, err
+	}
+	if err := checkNamespaceOverlap(c.Clusters, c.SharedNamespaces); err != nil {
+		return nil, err
+	}
+	if out.routes, err = routing.New(c.Routing); err != nil {
+		return nil, fmt.Errorf("routing.%w", err)
+	}
+	return out, nil
+}
+
+// checkNamespaceOverlap refuses two clusters owning a common namespace outside
+// SharedNamespaces: two clusters publishing the same name there would be a conflict.
+func checkNamespaceOverlap(clusters []ClusterConfig, shared []string) error {
+	for i := range clusters {
+		for j := i + 1; j < len(clusters); j++ {
+			for _, a := range clusters[i].Namespaces {
+				for _, b := range clusters[j].Namespaces {
+					ov, ok := nsOverlap(a, b)
+					if !ok || nsCovered(shared, ov) {
+						continue
+					}
+					return fmt.Errorf("clusters %q and %q both own namespaces %q (%q, %q): list it under sharedNamespaces if that is intended",
+						clusters[i].Name, clusters[j].Name, ov, a, b)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// nsOverlap returns the namespaces two patterns ("ns", "prefix*", "*") have in common, as a
+// pattern, and whether they have any.
+func nsOverlap(a, b string) (string, bool) {
+	ap, bp := strings.HasSuffix(a, "*"), strings.HasSuffix(b, "*")
+	at, bt := strings.TrimSuffix(a, "*"), strings.TrimSuffix(b, "*")
+	switch {
+	case !ap && !bp:
+		return a, a == b
+	case ap && bp:
+		if strings.HasPrefix(at, bt) {
+			return a, true
+		}
+		if strings.HasPrefix(bt, at) {
+			return b, true
+		}
+		return "", false
+	case ap:
+		return b, strings.HasPrefix(b, at)
+	default:
+		return a, strings.HasPrefix(a, bt)
+	}
+}
+
+// nsCovered reports whether every namespace of pattern p is matched by some shared pattern.
+func nsCovered(shared []string, p string) bool {
+	pt := strings.TrimSuffix(p, "*")
+	for _, s := range shared {
+		st := strings.TrimSuffix(s, "*")
+		if strings.HasSuffix(s, "*") {
+			if strings.HasPrefix(pt, st) {
+				return true
+			}
+		} else if !strings.HasSuffix(p, "*") && s == p {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,97 @@
+package hub
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+ingest: 0.0.0.0:9901
+serve: 0.0.0.0:9900
+http: 127.0.0.1:9990
+tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key, caFile: /tls/ca.crt}
+clusters:
+- name: east
+  identities: [spiffe://mesh.example.com/cluster/east]
+  namespaces: [shop, shared]
+  hosts: ["*.shop.example.com"]
+- name: west
+  identities: [spiffe://mesh.example.com/cluster/west]
+  namespaces: [pay, shared]
+sharedNamespaces: [shared]
+conflicts: {priority: [west]}
+staleness: {default: keep, collections: {istio/networking/v1alpha3/serviceentries: 10m}}
+warmUp: 45s
+routing:
+  rules:
+  - {name: prod, identities: ["spiffe://mesh.example.com/sink/*"], clusters: [east]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.WarmUp.Duration != 45*time.Second || len(cfg.Collections) != 14 || cfg.Staleness.ttl("istio/networking/v1alpha3/serviceentries") != 10*time.Minute ||
+		cfg.Staleness.ttl("istio/networking/v1alpha3/virtualservices") != 0 {
+		t.Errorf("cfg = %+v", cfg)
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("default: %v", err)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	base := "devMode: true\nclusters: [{name: a, identities: [a], namespaces: [x]}]\n"
+	for _, tc := range []struct{ yaml, want string }{
+		{"clusters: [{name: a, identities: [a]}]", "tls: required unless devMode"},
+		{base + "tls: {certFile: a}", "devMode: cannot be combined with tls"},
+		{"devMode: true", "clusters: at least one"},
+		{"devMode: true\nclusters: [{name: a}]", `clusters[0] ("a").identities`},
+		{"devMode: true\nclusters: [{name: a, identities: [i]}, {name: b, identities: [i]}]", `clusters[1] ("b").identities[0]: "i" is empty or already cluster "a"'s`},
+		{"devMode: true\nclusters: [{name: a, identities: [i]}, {name: a, identities: [j]}]", `clusters[1].name: "a" is used twice`},
+		{base + "warmUp: soon", "warmUp:"},
+		{base + "staleness: {default: sometimes}", "staleness.default"},
+		{base + "staleness: {collections: {nope: 1m}}", `staleness.collections: "nope"`},
+		{base + "conflicts: {priority: [zz]}", "conflicts.priority[0]"},
+		{base + "routing: {rules: [{name: ''}]}", "routing.rules[0].name"},
+		{base + "ingest: nowhere", "ingest:"},
+		{base + "surprise: 1", `unknown field "surprise"`},
+		{"devMode: true\nclusters: [{name: a, identities: [a], hosts: ['*foo.com']}]", "hosts[0]"},
+		{"devMode: true\nclusters: [{name: a, identities: [a], namespaces: ['*']}, {name: b, identities: [b], namespaces: [x]}]", `both own namespaces "x"`},
+	} {
+		_, err := ParseConfig([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s:\n  err = %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+func TestNamespaceOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		a, b, ov string
+		ok       bool
+	}{
+		{"x", "x", "x", true}, {"x", "y", "", false}, {"team-*", "team-a", "team-a", true}, {"team-a", "team-*", "team-a", true},
+		{"team-*", "team-pay-*", "team-pay-*", true}, {"team-*", "ops-*", "", false}, {"*", "x", "x", true},
+	} {
+		ov, ok := nsOverlap(tc.a, tc.b)
+		if ok != tc.ok || (ok && ov != tc.ov) {
+			t.Errorf("nsOverlap(%q, %q) = %q, %v", tc.a, tc.b, ov, ok)
+		}
+	}
+	if !nsCovered([]string{"team-*"}, "team-pay-*") || nsCovered([]string{"team-pay"}, "team-*") || !nsCovered([]string{"*"}, "x") {
+		t.Error("nsCovered")
+	}
+}
+
+// FuzzParseConfig: any input is a configuration or an error, never a panic.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("devMode: true\nclusters: [{name: a, identities: [a], namespaces: ['team-*'], hosts: ['*.a.com']}]\n"))
+	f.Add([]byte("clusters: [{name: a}]\nrouting: {rules: [{name: r, labels: 'a in (b)'}]}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseConfig(data)
+		if err == nil && len(cfg.Clusters) == 0 {
+			t.Fatal("accepted a configuration without clusters")
+		}
+	})
+}

@@ -1,0 +1,280 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
+)
+
+// Hub is one hub process: ingest from minions, the store, and serving to sinks.
+type Hub struct {
+	cfg        *Config
+	comp       *compiled
+	log        *slog.Logger
+	reg        *prometheus.Registry
+	metrics    *Metrics
+	mcpMetrics *mcp.Metrics
+	now        func() time.Time
+	maxRecv    int
+
+	store    *store
+	clusters map[string]*clusterState
+	source   *mcp.Source
+	creds    credentials.TransportCredentials
+	health   *health.Server
+
+	started time.Time
+
+	mu         sync.Mutex // guards the following fields
+	ready      bool
+	readyCh    chan struct{}
+	ingestAddr string
+	serveAddr  string
+	httpAddr   string
+}
+
+// New builds a hub for cfg. reg receives the hub's and the engine's metrics (nil: a new
+// registry).
+func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) {
+	comp, err := cfg.compile()
+	if err != nil {
+		return nil, err
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	h := &Hub{cfg: cfg, comp: comp, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg),
+		now: time.Now, maxRecv: 64 << 20, clusters: map[string]*clusterState{}, readyCh: make(chan struct{}),
+		health: health.NewServer()}
+	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics)
+	for _, c := range cfg.Clusters {
+		h.clusters[c.Name] = &clusterState{name: c.Name, log: log.With("cluster", c.Name)}
+	}
+	if cfg.TLS != nil {
+		ts, err := meshtls.NewSource(cfg.TLS.files(), log)
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		h.creds = credentials.NewTLS(ts.ServerConfig())
+	}
+	h.source, err = mcp.NewSource(mcp.SourceOptions{Watcher: router{h}, MaxMessageSize: cfg.MaxMessageSize, Logger: log, Metrics: h.mcpMetrics})
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// Registry returns the metrics registry.
+func (h *Hub) Registry() *prometheus.Registry { return h.reg }
+
+// Addrs returns the bound ingest, serve and HTTP addresses ("" until Run has opened them).
+func (h *Hub) Addrs() (ingest, serve, httpAddr string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ingestAddr, h.serveAddr, h.httpAddr
+}
+
+// Ready reports whether the hub serves sinks: every configured cluster has synced since the
+// start, or the warm-up has passed.
+func (h *Hub) Ready() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ready
+}
+
+func (h *Hub) pendingClusters() []string {
+	var out []string
+	for name, cs := range h.clusters {
+		cs.mu.Lock()
+		if !cs.everSynced {
+			out = append(out, name)
+		}
+		cs.mu.Unlock()
+	}
+	sort.Strings(out)
+	return out
+}
+
+// checkReady turns the hub ready when no cluster is pending.
+func (h *Hub) checkReady() {
+	if len(h.pendingClusters()) == 0 {
+		h.setReady("every configured cluster has synced")
+	}
+}
+
+func (h *Hub) setReady(why string) {
+	h.mu.Lock()
+	if h.ready {
+		h.mu.Unlock()
+		return
+	}
+	h.ready = true
+	close(h.readyCh)
+	h.mu.Unlock()
+	h.metrics.ready.Set(1)
+	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	h.log.Info("serving sinks", "why", why, "after", h.now().Sub(h.started).Round(time.Millisecond))
+}
+
+// authenticateSink admits a sink's stream once the hub is ready; before, it is refused
+// with Unavailable so the sink retries instead of receiving a partial state.
+func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
+	if !h.Ready() {
+		pending := h.pendingClusters()
+		left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
+		return "", status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
+	}
+	return peerIdentity(ctx, h.cfg.DevMode)
+}
+
+// router is the Watcher sinks are served from: it routes each stream to the view of its
+// subset.
+type router struct{ h *Hub }
+
+// Watch implements mcp.Watcher.
+func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
+	node := info.Node()
+	sub := r.h.comp.routes.Select(routing.Sink{Identity: info.Identity, NodeID: node.GetId(), Annotations: node.GetAnnotations()})
+	cache, release := r.h.store.watch(sub)
+	coll, cancel, ok := cache.Watch(info, collection, notify)
+	return coll, func() { cancel(); release() }, ok
+}
+
+// Run serves until ctx ends.
+func (h *Hub) Run(ctx context.Context) error {
+	h.started = h.now()
+	if h.cfg.DevMode {
+		h.log.Warn("DEVELOPMENT MODE: plaintext gRPC, peers identified by the identity they claim; never use this in production")
+	}
+	h.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	g, ctx := errgroup.WithContext(ctx)
+
+	serverOpts := append(mcp.ServerOptions(),
+		grpc.MaxRecvMsgSize(h.maxRecv),
+		// istiod pings every 30 s; allow that and more without closing the connection.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}))
+	if h.creds != nil {
+		serverOpts = append(serverOpts, grpc.Creds(h.creds))
+	}
+	ingest := grpc.NewServer(serverOpts...)
+	mcp.NewSinkServer(h.newClusterSink, mcp.ServerConfig{Authenticate: h.authenticateCluster, Logger: h.log, Metrics: h.mcpMetrics}).Register(ingest)
+	healthpb.RegisterHealthServer(ingest, h.health)
+	serve := grpc.NewServer(serverOpts...)
+	mcp.NewSourceServer(h.source, mcp.ServerConfig{Authenticate: h.authenticateSink, Logger: h.log, Metrics: h.mcpMetrics}).Register(serve)
+	healthpb.RegisterHealthServer(serve, h.health)
+
+	for _, l := range []struct {
+		name string
+		addr string
+		srv  *grpc.Server
+		set  *string
+	}{{"ingest", h.cfg.Ingest, ingest, &h.ingestAddr}, {"serve", h.cfg.Serve, serve, &h.serveAddr}} {
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", l.name, err)
+		}
+		h.mu.Lock()
+		*l.set = lis.Addr().String()
+		h.mu.Unlock()
+		h.log.Info("listening", "listener", l.name, "addr", lis.Addr().String())
+		g.Go(func() error { return l.srv.Serve(lis) })
+		g.Go(func() error { <-ctx.Done(); l.srv.Stop(); return nil })
+	}
+	if h.cfg.HTTP != "" {
+		lis, err := net.Listen("tcp", h.cfg.HTTP)
+		if err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+		h.mu.Lock()
+		h.httpAddr = lis.Addr().String()
+		h.mu.Unlock()
+		srv := &http.Server{Handler: h.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	g.Go(func() error { h.housekeeping(ctx); return nil })
+	return g.Wait()
+}
+
+// housekeeping ends the warm-up when it times out and drops the resources of clusters
+// disconnected for longer than their collections' staleness TTL.
+func (h *Hub) housekeeping(ctx context.Context) {
+	warm := time.NewTimer(h.cfg.WarmUp.Duration)
+	defer warm.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	h.checkReady()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-warm.C:
+			if p := h.pendingClusters(); len(p) > 0 {
+				h.log.Warn("warm-up timed out; serving without clusters that have not synced", "pending", p)
+			}
+			h.setReady("warm-up timeout")
+		case <-tick.C:
+			h.expireStale()
+		}
+	}
+}
+
+func (h *Hub) expireStale() {
+	now := h.now()
+	for _, cs := range h.clusters {
+		cs.mu.Lock()
+		since := cs.disconnectedAt
+		var due []string
+		if !since.IsZero() {
+			for _, coll := range h.cfg.Collections {
+				if ttl := h.cfg.Staleness.ttl(coll); ttl > 0 && now.Sub(since) >= ttl && !cs.dropped[coll] {
+					due = append(due, coll)
+					if cs.dropped == nil {
+						cs.dropped = map[string]bool{}
+					}
+					cs.dropped[coll] = true
+				}
+			}
+		}
+		cs.mu.Unlock()
+		if len(due) > 0 {
+			n := h.store.dropCluster(cs.name, due)
+			cs.log.Warn("cluster disconnected for longer than its staleness TTL; its resources are no longer served",
+				"collections", due, "resources", n, "disconnected_at", since)
+			for _, coll := range due {
+				h.metrics.resources(cs.name, coll, 0)
+			}
+		}
+	}
+}

@@ -1,0 +1,284 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// clusterState is the hub's knowledge of one configured cluster beyond its resources.
+type clusterState struct {
+	name string
+	log  *slog.Logger
+
+	mu             sync.Mutex // guards the following fields
+	streams        int
+	lastContact    time.Time
+	disconnectedAt time.Time       // zero while connected (or never connected)
+	everSynced     bool            // a stream has delivered every collection since the hub started
+	dropped        map[string]bool // collections dropped for staleness since the disconnect
+	rejections     map[string]map[string]string
+	received       map[*mcp.Sink]map[string]bool // per open stream: collections pushed so far
+}
+
+// ClusterStatus is one cluster as the admin API shows it.
+type ClusterStatus struct {
+	Name        string                       `json:"name"`
+	Connected   bool                         `json:"connected"`
+	Streams     int                          `json:"streams"`
+	Synced      bool                         `json:"synced"`
+	LastContact *time.Time                   `json:"lastContact,omitempty"`
+	Resources   map[string]int               `json:"resources"`
+	// Rejections are resources refused by the ACL (or malformed), by collection and name,
+	// with the reason. They are not stored and never served.
+	Rejections map[string]map[string]string `json:"rejections,omitempty"`
+	// Conflicts are resources held but not served because another cluster's resource of
+	// the same collection/name wins: collection -> name -> the winning cluster.
+	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+}
+
+func (cs *clusterState) status(counts map[string]int) ClusterStatus {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	st := ClusterStatus{Name: cs.name, Connected: cs.streams > 0, Streams: cs.streams, Synced: cs.everSynced, Resources: counts}
+	if !cs.lastContact.IsZero() {
+		t := cs.lastContact
+		st.LastContact = &t
+	}
+	for coll, m := range cs.rejections {
+		if len(m) == 0 {
+			continue
+		}
+		if st.Rejections == nil {
+			st.Rejections = map[string]map[string]string{}
+		}
+		cp := make(map[string]string, len(m))
+		for k, v := range m {
+			cp[k] = v
+		}
+		st.Rejections[coll] = cp
+	}
+	return st
+}
+
+// peerIdentity returns the authenticated identity of a stream's peer: the URI SAN (a SPIFFE
+// ID) of its verified client certificate, else its subject common name; in development
+// mode, the x-meshfed-dev-identity header.
+func peerIdentity(ctx context.Context, devMode bool) (string, error) {
+	if devMode {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get(DevIdentityHeader); len(v) > 0 {
+			return v[0], nil
+		}
+		return "", nil
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", status.Error(codes.Unauthenticated, "no peer information")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
+		return "", status.Error(codes.Unauthenticated, "no verified client certificate")
+	}
+	leaf := ti.State.PeerCertificates[0]
+	if len(leaf.URIs) > 0 {
+		return leaf.URIs[0].String(), nil
+	}
+	if leaf.Subject.CommonName != "" {
+		return leaf.Subject.CommonName, nil
+	}
+	return "", status.Error(codes.Unauthenticated, "client certificate has neither a URI SAN nor a common name")
+}
+
+// authenticateCluster admits a minion's stream only if its identity is a configured
+// cluster's.
+func (h *Hub) authenticateCluster(ctx context.Context) (string, error) {
+	id, err := peerIdentity(ctx, h.cfg.DevMode)
+	if err != nil {
+		return "", err
+	}
+	if _, ok := h.comp.identity[id]; !ok {
+		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", id)
+	}
+	if h.cfg.DevMode {
+		h.log.Warn("development mode: admitting a cluster by the identity it claims", "identity", id)
+	}
+	return id, nil
+}
+
+// newClusterSink returns the Sink for one minion stream: it requests every served
+// collection, declares what the hub already holds for that cluster (so the minion resumes),
+// and applies pushes through the ACL into the store.
+func (h *Hub) newClusterSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink, error) {
+	name, ok := h.comp.identity[info.Identity]
+	if !ok {
+		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", info.Identity)
+	}
+	cs := h.clusters[name]
+	var sink *mcp.Sink
+	var err error
+	sink, err = mcp.NewSink(mcp.SinkOptions{
+		Collections:     h.cfg.Collections,
+		Node:            &mcppb.SinkNode{Id: "meshfed-hub"},
+		Applier:         mcp.ApplierFunc(func(ctx context.Context, c *mcp.Change) error { return h.applyCluster(cs, sink, c) }),
+		InitialVersions: func(coll string) map[string]string { return h.store.versions(name, coll) },
+		MaxMessageSize:  h.maxRecv,
+		Logger:          cs.log,
+		Metrics:         h.mcpMetrics,
+		Hooks: mcp.Hooks{
+			StreamOpened: func(*mcp.StreamInfo) { h.clusterConnected(cs, true) },
+			StreamClosed: func(*mcp.StreamInfo, error) {
+				cs.mu.Lock()
+				delete(cs.received, sink)
+				cs.mu.Unlock()
+				h.clusterConnected(cs, false)
+			},
+		},
+	})
+	return sink, err
+}
+
+func (h *Hub) clusterConnected(cs *clusterState, up bool) {
+	cs.mu.Lock()
+	now := h.now()
+	cs.lastContact = now
+	if up {
+		cs.streams++
+		cs.disconnectedAt = time.Time{}
+		cs.dropped = nil
+	} else if cs.streams--; cs.streams == 0 {
+		cs.disconnectedAt = now
+	}
+	streams := cs.streams
+	cs.mu.Unlock()
+	h.metrics.connected(cs.name, streams > 0)
+	if up {
+		cs.log.Info("cluster stream opened", "streams", streams)
+	} else {
+		cs.log.Info("cluster stream closed", "streams", streams)
+	}
+}
+
+// applyCluster checks one push of a cluster against the ownership ACL, stores the accepted
+// part (whatever is rejected is never served), and NACKs with every rejected resource and
+// why, including those that lost a conflict.
+func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) error {
+	var put []*resource
+	var rejected []mcp.Rejection
+	keep := map[string]bool{}
+	aclRejected := false
+	for i, e := range c.Entries {
+		r := c.Resources[i]
+		hosts, err := acl.Hosts(c.Collection, r.GetBody().GetValue())
+		if err == nil {
+			err = h.comp.policy.Check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
+		}
+		if err != nil {
+			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
+			keep[e.Name] = true
+			aclRejected = true
+			continue
+		}
+		res, err := newResource(cs.name, c.Collection, e, r)
+		if err != nil {
+			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
+			keep[e.Name] = true
+			continue
+		}
+		put = append(put, res)
+	}
+	lost := h.store.apply(cs.name, c.Collection, put, c.Removed, !c.Incremental, keep)
+	refused := len(rejected) // the ones not stored; conflicts are stored and may be served later
+	lostNames := make([]string, 0, len(lost))
+	for n := range lost {
+		lostNames = append(lostNames, n)
+	}
+	sort.Strings(lostNames)
+	for _, n := range lostNames {
+		rejected = append(rejected, mcp.Rejection{Resource: n,
+			Reason: fmt.Sprintf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
+				lost[n], n, h.cfg.conflictWhy())})
+	}
+
+	cs.mu.Lock()
+	cs.lastContact = h.now()
+	if cs.rejections == nil {
+		cs.rejections = map[string]map[string]string{}
+	}
+	rj := cs.rejections[c.Collection]
+	if rj == nil || !c.Incremental {
+		rj = map[string]string{}
+		cs.rejections[c.Collection] = rj
+	}
+	for _, e := range c.Entries {
+		delete(rj, e.Name)
+	}
+	for _, n := range c.Removed {
+		delete(rj, n)
+	}
+	for _, r := range rejected[:refused] {
+		rj[r.Resource] = r.Reason
+	}
+	cs.mu.Unlock()
+	for _, r := range rejected {
+		h.metrics.rejected(cs.name, c.Collection)
+		cs.log.Warn("resource rejected", "collection", c.Collection, "resource", r.Resource, "reason", r.Reason)
+	}
+	h.metrics.resources(cs.name, c.Collection, h.store.counts(cs.name)[c.Collection])
+	h.noteSynced(cs, sink, c.Collection)
+	if len(rejected) == 0 {
+		return nil
+	}
+	code := codes.AlreadyExists // only conflicts
+	if aclRejected {
+		code = codes.PermissionDenied
+	}
+	return mcp.RejectionError(code, c.Collection, rejected)
+}
+
+// noteSynced marks the cluster synced once one stream has delivered every collection
+// (accepted or not: a permanently rejected resource must not hold the hub's warm-up).
+func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
+	cs.mu.Lock()
+	if cs.received == nil {
+		cs.received = map[*mcp.Sink]map[string]bool{}
+	}
+	got := cs.received[sink]
+	if got == nil {
+		got = map[string]bool{}
+		cs.received[sink] = got
+	}
+	got[collection] = true
+	newly := !cs.everSynced && len(got) == len(h.cfg.Collections)
+	if newly {
+		cs.everSynced = true
+	}
+	cs.mu.Unlock()
+	if newly {
+		cs.log.Info("cluster synced")
+		h.checkReady()
+	}
+}
+
+func (c *Config) conflictWhy() string {
+	if len(c.Conflicts.Priority) > 0 {
+		return "cluster priority"
+	}
+	return "the oldest create_time wins, ties by cluster name"
+}
+
+var errNotReady = errors.New("the hub is warming up")

@@ -1,0 +1,63 @@
+package hub
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the hub's Prometheus metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	ready          prometheus.Gauge
+	clusterUp      *prometheus.GaugeVec
+	resourcesGauge *prometheus.GaugeVec
+	rejections     *prometheus.CounterVec
+	viewsGauge     prometheus.Gauge
+}
+
+// NewMetrics creates the hub's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns, sub = "meshfed", "hub"
+	m := &Metrics{
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "ready",
+			Help: "1 once the hub serves sinks (every cluster synced, or the warm-up passed)."}),
+		clusterUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_connected",
+			Help: "1 while a cluster has a live ingest stream."}, []string{"cluster"}),
+		resourcesGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_resources",
+			Help: "Accepted resources a cluster holds, by collection."}, []string{"cluster", "collection"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rejections_total",
+			Help: "Resources rejected (ownership, validation) or losing a conflict, by cluster and collection."}, []string{"cluster", "collection"}),
+		viewsGauge: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "views",
+			Help: "Distinct routing subsets currently served (one shared view each)."}),
+	}
+	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge)
+	return m
+}
+
+func (m *Metrics) connected(cluster string, up bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.clusterUp.WithLabelValues(cluster).Set(v)
+}
+
+func (m *Metrics) resources(cluster, collection string, n int) {
+	if m == nil {
+		return
+	}
+	m.resourcesGauge.WithLabelValues(cluster, collection).Set(float64(n))
+}
+
+func (m *Metrics) rejected(cluster, collection string) {
+	if m == nil {
+		return
+	}
+	m.rejections.WithLabelValues(cluster, collection).Inc()
+}
+
+func (m *Metrics) views(n int) {
+	if m == nil {
+		return
+	}
+	m.viewsGauge.Set(float64(n))
+}

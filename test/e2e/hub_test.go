@@ -1,0 +1,402 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	"github.com/meshfed/meshfed/minion"
+	"github.com/meshfed/meshfed/routing"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	vs = "istio/networking/v1alpha3/virtualservices"
+	dr = "istio/networking/v1alpha3/destinationrules"
+)
+
+// logger writes to t.Log until the test ends.
+func logger(t testing.TB) *slog.Logger {
+	w := &tw{t: t}
+	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tw struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool
+}
+
+func (w *tw) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func writeFile(t testing.TB, root, rel, content string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p+".tmp", []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func vsYAML(name, ns, created string, hosts ...string) string {
+	ts := ""
+	if created != "" {
+		ts = "\n  creationTimestamp: " + created
+	}
+	return fmt.Sprintf("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: %s\n  namespace: %s%s\nspec:\n  hosts: [%s]\n",
+		name, ns, ts, strings.Join(hosts, ", "))
+}
+
+// runHub starts a hub on loopback with cfg (ports chosen by the OS).
+func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
+	t.Helper()
+	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := hub.New(cfg, logger(t).With("side", "hub"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("hub Run: %v", err)
+		}
+	})
+	waitFor(t, 10*time.Second, "hub listening", func() bool { _, s, a := h.Addrs(); return s != "" && a != "" })
+	return h
+}
+
+// runMinion runs a development-mode minion for cluster publishing root to the hub, until
+// stop is called or the test ends.
+func runMinion(t *testing.T, cluster, root, hubAddr string) (m *minion.Minion, stop func()) {
+	t.Helper()
+	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: "fs://" + root}}, Collections: []string{vs, dr},
+		Destinations: minion.DestinationsConfig{Push: []string{"push://" + hubAddr},
+			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := minion.New(cfg, logger(t).With("side", "minion"), minion.NewTelemetry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("minion Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return m, stop
+}
+
+// sinkClient is a real MCP sink pulling from the hub's ResourceSource; it keeps the state
+// it applied and every removal it saw.
+type sinkClient struct {
+	mu      sync.Mutex
+	state   map[string]map[string]*mcpapi.Resource
+	removed []string
+	pushes  int
+}
+
+func (s *sinkClient) Apply(_ context.Context, c *mcp.Change) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pushes++
+	old := s.state[c.Collection]
+	if old == nil || !c.Incremental {
+		next := map[string]*mcpapi.Resource{}
+		if c.Incremental {
+			for k, v := range old {
+				next[k] = v
+			}
+		}
+		for n := range old {
+			found := false
+			for _, r := range c.Resources {
+				found = found || r.GetMetadata().GetName() == n
+			}
+			if !found && !c.Incremental {
+				s.removed = append(s.removed, c.Collection+" "+n)
+			}
+		}
+		s.state[c.Collection] = next
+	}
+	for _, n := range c.Removed {
+		delete(s.state[c.Collection], n)
+		s.removed = append(s.removed, c.Collection+" "+n)
+	}
+	for _, r := range c.Resources {
+		s.state[c.Collection][r.GetMetadata().GetName()] = r
+	}
+	return nil
+}
+
+// view renders the state as "name@origin" per collection, sorted.
+func (s *sinkClient) view(collection string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for n, r := range s.state[collection] {
+		out = append(out, n+"@"+r.GetMetadata().GetAnnotations()[hub.OriginAnnotation])
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func (s *sinkClient) removals() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.removed...)
+}
+
+// runSink subscribes to the hub as node with identity (development mode header) and keeps
+// redialling until the test ends (a hub warming up refuses streams with Unavailable).
+func runSink(t *testing.T, serveAddr, identity, node string, incremental bool) *sinkClient {
+	t.Helper()
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Node: &mcppb.SinkNode{Id: node},
+		FullStateOnly: !incremental, Logger: logger(t).With("side", "sink", "node", node)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(serveAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			sctx := metadata.AppendToOutgoingContext(ctx, hub.DevIdentityHeader, identity)
+			_ = sink.PullFrom(sctx, conn)
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; conn.Close() })
+	return sc
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v: %s", url, err, b)
+	}
+}
+
+func twoClusterConfig() *hub.Config {
+	cfg := &hub.Config{
+		DevMode: true,
+		Clusters: []hub.ClusterConfig{
+			{Name: "east", Identities: []string{"east"}, Namespaces: []string{"shop", "shared"}, Hosts: []string{"*.shop.example.com", "*.shared.example.com"}},
+			{Name: "west", Identities: []string{"west"}, Namespaces: []string{"pay", "shared"}, Hosts: []string{"*.pay.example.com", "*.shared.example.com"}},
+		},
+		SharedNamespaces: []string{"shared"},
+		Collections:      []string{vs, dr},
+		WarmUp:           hub.Duration{Duration: time.Minute},
+	}
+	cfg.Routing.Rules = []routing.Rule{
+		{Name: "east-only", NodeIDs: []string{"east-istiod"}, Clusters: []string{"east"}},
+		{Name: "all", NodeIDs: []string{"global-*"}},
+	}
+	return cfg
+}
+
+func TestHubFederatesTwoClusters(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, east, "pay/steal.yaml", vsYAML("steal", "pay", "", "api.pay.example.com"))                              // namespace not owned
+	writeFile(t, east, "shop/hijack.yaml", vsYAML("hijack", "shop", "", "api.pay.example.com"))                          // host not owned
+	writeFile(t, east, "shared/common.yaml", vsYAML("common", "shared", "2024-01-02T00:00:00Z", "c.shared.example.com")) // newer
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	writeFile(t, west, "shared/common.yaml", vsYAML("common", "shared", "2024-01-01T00:00:00Z", "c.shared.example.com")) // older: wins
+
+	h := runHub(t, twoClusterConfig())
+	ingest, serve, admin := h.Addrs()
+
+	// Until every configured cluster has synced, sinks are refused rather than served a
+	// partial state.
+	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := mcppb.NewResourceSourceClient(conn).EstablishResourceStream(context.Background())
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "warming up") {
+		t.Fatalf("a sink before the warm-up: %v, want Unavailable (warming up)", err)
+	}
+
+	eastSink := runSink(t, serve, "", "east-istiod", false)
+	globalSink := runSink(t, serve, "", "global-istiod", true)
+	_, _ = runMinion(t, "east", east, ingest)
+	mWest, stopWest := runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+
+	waitFor(t, 10*time.Second, "global view", func() bool {
+		return globalSink.view(vs) == "pay/api@west,shared/common@west,shop/cart@east"
+	})
+	waitFor(t, 10*time.Second, "east-only view", func() bool { return eastSink.view(vs) == "shop/cart@east" })
+	if got := globalSink.view(dr); got != "" {
+		t.Errorf("destinationrules = %q, want empty (answered with an empty state)", got)
+	}
+
+	// Rejections: in the API, and back at the minion as NACK detail.
+	var clusters []hub.ClusterStatus
+	getJSON(t, "http://"+admin+"/api/clusters", &clusters)
+	rej := clusters[0].Rejections[vs]
+	if clusters[0].Name != "east" || !strings.Contains(rej["pay/steal"], `namespace "pay" is not owned by cluster "east"`) ||
+		!strings.Contains(rej["shop/hijack"], `host "api.pay.example.com" is not owned by cluster "east"`) || len(rej) != 2 {
+		t.Errorf("east's rejections = %v", rej)
+	}
+	if got := clusters[0].Conflicts[vs]["shared/common"]; got != "west" {
+		t.Errorf("east's lost conflicts = %v", clusters[0].Conflicts)
+	}
+	var conflicts []hub.Conflict
+	getJSON(t, "http://"+admin+"/api/conflicts", &conflicts)
+	if len(conflicts) != 1 || conflicts[0].Winner != "west" || conflicts[0].Losers[0] != "east" || conflicts[0].Why != "older create_time" {
+		t.Errorf("conflicts = %+v", conflicts)
+	}
+	var owners hub.Owners
+	getJSON(t, "http://"+admin+"/api/owners?host=x.pay.example.com", &owners)
+	if strings.Join(owners.Clusters, ",") != "west" {
+		t.Errorf("owners of x.pay.example.com = %v", owners.Clusters)
+	}
+	var dry hub.DryRun
+	getJSON(t, "http://"+admin+"/api/dryrun?node=east-istiod", &dry)
+	if strings.Join(dry.Rules, ",") != "east-only" || len(dry.Resources[vs]) != 1 || dry.Resources[vs]["shop/cart"] == "" {
+		t.Errorf("dry run = %+v", dry)
+	}
+
+	// The winner goes away: the held loser is served, with its own origin.
+	writeFile(t, west, "shared/common.yaml", "")
+	waitFor(t, 10*time.Second, "loser promoted", func() bool {
+		return globalSink.view(vs) == "pay/api@west,shared/common@east,shop/cart@east"
+	})
+
+	// A cluster disconnecting keeps its resources served (staleness: keep).
+	_ = mWest
+	stopWest()
+	waitFor(t, 10*time.Second, "west disconnected", func() bool {
+		getJSON(t, "http://"+admin+"/api/clusters", &clusters)
+		return !clusters[1].Connected
+	})
+	time.Sleep(300 * time.Millisecond)
+	if got := globalSink.view(vs); got != "pay/api@west,shared/common@east,shop/cart@east" {
+		t.Fatalf("after west disconnected the sink holds %q", got)
+	}
+	for _, r := range globalSink.removals() {
+		if strings.HasSuffix(r, "pay/api") {
+			t.Fatalf("the sink saw a removal of a disconnected cluster's resource: %v", globalSink.removals())
+		}
+	}
+	// West comes back with a change: it resumes (unchanged resources are not re-sent).
+	writeFile(t, west, "pay/more.yaml", vsYAML("more", "pay", "", "more.pay.example.com"))
+	runMinion(t, "west", west, ingest)
+	waitFor(t, 10*time.Second, "west's change", func() bool {
+		return globalSink.view(vs) == "pay/api@west,pay/more@west,shared/common@east,shop/cart@east"
+	})
+}
+
+func TestHubDropsStaleClustersAfterTTL(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	cfg := twoClusterConfig()
+	cfg.Staleness = hub.StalenessConfig{Collections: map[string]string{vs: "1s"}}
+	h := runHub(t, cfg)
+	ingest, serve, _ := h.Addrs()
+	sink := runSink(t, serve, "", "global-x", false)
+	runMinion(t, "east", east, ingest)
+	_, stopWest := runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "both", func() bool { return sink.view(vs) == "pay/api@west,shop/cart@east" })
+	stopWest()
+	waitFor(t, 10*time.Second, "west dropped after its TTL", func() bool { return sink.view(vs) == "shop/cart@east" })
+}
+
+func TestHubRefusesUnknownClusters(t *testing.T) {
+	h := runHub(t, twoClusterConfig())
+	ingest, _, _ := h.Addrs()
+	conn, err := grpc.NewClient(ingest, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), hub.DevIdentityHeader, "north")
+	st, err := mcppb.NewResourceSinkClient(conn).EstablishResourceStream(ctx)
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `"north" is not a configured cluster`) {
+		t.Fatalf("unknown cluster: %v", err)
+	}
+}
