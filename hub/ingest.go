@@ -37,12 +37,12 @@ type clusterState struct {
 
 // ClusterStatus is one cluster as the admin API shows it.
 type ClusterStatus struct {
-	Name        string                       `json:"name"`
-	Connected   bool                         `json:"connected"`
-	Streams     int                          `json:"streams"`
-	Synced      bool                         `json:"synced"`
-	LastContact *time.Time                   `json:"lastContact,omitempty"`
-	Resources   map[string]int               `json:"resources"`
+	Name        string         `json:"name"`
+	Connected   bool           `json:"connected"`
+	Streams     int            `json:"streams"`
+	Synced      bool           `json:"synced"`
+	LastContact *time.Time     `json:"lastContact,omitempty"`
+	Resources   map[string]int `json:"resources"`
 	// Rejections are resources refused by the ACL (or malformed), by collection and name,
 	// with the reason. They are not stored and never served.
 	Rejections map[string]map[string]string `json:"rejections,omitempty"`
