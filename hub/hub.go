@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
@@ -147,6 +148,21 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 	return peerIdentity(ctx, h.cfg.DevMode)
 }
 
+// resolveTypeURL maps istiod's MCP-over-xDS type URLs (group/version/Kind) to the served
+// collection of that kind.
+func (h *Hub) resolveTypeURL(typeURL string) (string, bool) {
+	k, ok := kinds.ForTypeURL(typeURL)
+	if !ok {
+		return "", false
+	}
+	for _, c := range h.cfg.Collections {
+		if c == k.Collection {
+			return c, true
+		}
+	}
+	return "", false
+}
+
 // router is the Watcher sinks are served from: it routes each stream to the view of its
 // subset.
 type router struct{ h *Hub }
@@ -182,6 +198,12 @@ func (h *Hub) Run(ctx context.Context) error {
 	healthpb.RegisterHealthServer(ingest, h.health)
 	serve := grpc.NewServer(serverOpts...)
 	mcp.NewSourceServer(h.source, mcp.ServerConfig{Authenticate: h.authenticateSink, Logger: h.log, Metrics: h.mcpMetrics}).Register(serve)
+	xds, err := mcp.NewXDSServer(router{h}, mcp.XDSOptions{Resolve: h.resolveTypeURL, MaxMessageSize: h.cfg.MaxMessageSize,
+		Server: mcp.ServerConfig{Authenticate: h.authenticateSink, Logger: h.log, Metrics: h.mcpMetrics}})
+	if err != nil {
+		return err
+	}
+	xds.Register(serve)
 	healthpb.RegisterHealthServer(serve, h.health)
 
 	for _, l := range []struct {

@@ -172,3 +172,24 @@ func (c *sourceCollectionMetrics) nack(code codes.Code, latency time.Duration) {
 	c.m.nacks.WithLabelValues("source", c.collection, code.String()).Inc()
 	c.latency.Observe(latency.Seconds())
 }
+
+// sinkAckAs counts an ACK (code OK) or NACK received by a source of the given role.
+func (m *Metrics) sinkAckAs(role, collection string, code codes.Code) {
+	if m == nil {
+		return
+	}
+	if code == codes.OK {
+		m.acks.WithLabelValues(role, collection).Inc()
+	} else {
+		m.nacks.WithLabelValues(role, collection, code.String()).Inc()
+	}
+}
+
+// xdsPushed counts one MCP-over-xDS response (always a full state).
+func (m *Metrics) xdsPushed(collection string, bytes int) {
+	if m == nil {
+		return
+	}
+	m.pushes.WithLabelValues("source", collection, "xds_full").Inc()
+	m.bytes.WithLabelValues("source", "sent").Add(float64(bytes))
+}

@@ -123,3 +123,19 @@ func (k Kind) Validate() error {
 	}
 	return nil
 }
+
+// ForTypeURL resolves an MCP-over-xDS type URL as istiod names them, "group/version/Kind"
+// (networking.istio.io/v1/VirtualService), to the built-in collection of that group and
+// kind: every served version of a kind shares one schema, so the version does not matter.
+func ForTypeURL(typeURL string) (Kind, bool) {
+	parts := strings.Split(typeURL, "/")
+	if len(parts) != 3 {
+		return Kind{}, false
+	}
+	for _, k := range builtinKinds {
+		if k.Group == parts[0] && k.Kind == parts[2] {
+			return k, true
+		}
+	}
+	return Kind{}, false
+}

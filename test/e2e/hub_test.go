@@ -15,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
@@ -399,4 +402,69 @@ func TestHubRefusesUnknownClusters(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `"north" is not a configured cluster`) {
 		t.Fatalf("unknown cluster: %v", err)
 	}
+}
+
+// TestHubServesMCPOverXDS: an istiod-like ADS client gets the same subset as an MCP sink
+// with the same node id, with origin annotations, and an empty MeshConfig.
+func TestHubServesMCPOverXDS(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	h := runHub(t, twoClusterConfig())
+	ingest, serve, _ := h.Addrs()
+	runMinion(t, "east", east, ingest)
+	runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	mcpSink := runSink(t, serve, "", "east-istiod", false)
+	waitFor(t, 10*time.Second, "mcp sink", func() bool { return mcpSink.view(vs) == "shop/cart@east" })
+
+	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &corepb.Node{Id: "east-istiod"}
+	for _, url := range []string{"networking.istio.io/v1/VirtualService", "core/v1alpha1/MeshConfig"} {
+		if err := st.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: url}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]string{}
+	for range 2 {
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, a := range r.GetResources() {
+			var res mcpapi.Resource
+			if err := proto.Unmarshal(a.GetValue(), &res); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, res.GetMetadata().GetName()+"@"+res.GetMetadata().GetAnnotations()[hub.OriginAnnotation])
+		}
+		got[r.GetTypeUrl()] = strings.Join(names, ",")
+		if err := st.Send(&discoverypb.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(), VersionInfo: r.GetVersionInfo()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got["networking.istio.io/v1/VirtualService"] != "shop/cart@east" || got["core/v1alpha1/MeshConfig"] != "" || len(got) != 2 {
+		t.Fatalf("xds client got %v, want the MCP sink's subset", got)
+	}
+	// A change reaches both.
+	writeFile(t, east, "shop/more.yaml", vsYAML("more", "shop", "", "more.shop.example.com"))
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.GetResources()) != 2 || r.GetTypeUrl() != "networking.istio.io/v1/VirtualService" {
+		t.Fatalf("after a change the xds client got %d resources of %s", len(r.GetResources()), r.GetTypeUrl())
+	}
+	waitFor(t, 10*time.Second, "mcp sink", func() bool { return mcpSink.view(vs) == "shop/cart@east,shop/more@east" })
 }

@@ -1,0 +1,258 @@
+package mcp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// ResourceTypeURL is the type of every resource in an MCP-over-xDS response: the resource
+// is an istio.mcp.v1alpha1.Resource whose body is the Istio message.
+const ResourceTypeURL = "type.googleapis.com/istio.mcp.v1alpha1.Resource"
+
+// XDSServer serves MCP over xDS, as istiod 1.9+ consumes it from a config source
+// (meshConfig.configSources: xds://...): envoy's AggregatedDiscoveryService, state of the
+// world. Each type URL the client subscribes to is resolved to a collection of the same
+// Watcher the MCP services use, so a sink sees the same subset whichever protocol it
+// speaks. Every response is the full state of its type (a deletion is an omission); a type
+// that does not resolve, or is not served to this client, is answered with an empty state
+// (istiod is not ready until every type it subscribed to was answered once).
+//
+// Per type: one response outstanding at a time, changes while it is outstanding coalesced
+// into the next; a NACKed version is not resent until the collection changes; stale
+// nonces are ignored (the first request for a type may carry one, and is a subscription
+// whatever its nonce).
+type XDSServer struct {
+	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
+	w       Watcher
+	resolve func(typeURL string) (collection string, ok bool)
+	adm     *admission
+	opts    XDSOptions
+}
+
+// XDSOptions configure an XDSServer.
+type XDSOptions struct {
+	// Resolve maps a type URL (istiod's group/version/Kind, e.g.
+	// networking.istio.io/v1/VirtualService) to a collection. Required.
+	Resolve func(typeURL string) (collection string, ok bool)
+	// MaxMessageSize is the largest response sent; a larger full state is not sent (logged,
+	// counted) until it changes. Default DefaultMaxMessageSize.
+	MaxMessageSize int
+	// Server admits streams (authentication, rate limit), logs and counts.
+	Server ServerConfig
+}
+
+// NewXDSServer returns an ADS server over w.
+func NewXDSServer(w Watcher, opts XDSOptions) (*XDSServer, error) {
+	if w == nil || opts.Resolve == nil {
+		return nil, errors.New("mcp: NewXDSServer needs a Watcher and XDSOptions.Resolve")
+	}
+	if opts.MaxMessageSize <= 0 {
+		opts.MaxMessageSize = DefaultMaxMessageSize
+	}
+	return &XDSServer{w: w, resolve: opts.Resolve, adm: newAdmission(opts.Server), opts: opts}, nil
+}
+
+// Register registers the AggregatedDiscoveryService on r.
+func (s *XDSServer) Register(r grpc.ServiceRegistrar) {
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(r, s)
+}
+
+// xdsType is the state of one subscribed type URL on one stream.
+type xdsType struct {
+	typeURL    string
+	collection string
+	coll       Collection // nil: answered with an empty state
+	cancel     func()
+
+	sent          bool
+	sentVersion   uint64
+	pendingNonce  string
+	failed        bool
+	failedVersion uint64
+	resend        bool // the client asked again (empty nonce) with nothing outstanding
+}
+
+func (t *xdsType) version() uint64 {
+	if t.coll == nil {
+		return 0
+	}
+	return t.coll.Version()
+}
+
+// StreamAggregatedResources implements the ADS state-of-the-world stream.
+func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) (err error) {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	info, err := s.adm.admit(ctx, "source")
+	if err != nil {
+		return err
+	}
+	info.Transport = "xds"
+	log := s.adm.cfg.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "source", logTransport, "xds")
+	m := s.adm.cfg.Metrics
+	m.streamOpened(info)
+	types := map[string]*xdsType{}
+	defer func() {
+		for _, t := range types {
+			t.cancel()
+		}
+		m.streamClosed(info)
+		log.Debug("xds stream closed", logError, err)
+	}()
+	wake := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	reqs := make(chan *discoverypb.DiscoveryRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var nonce uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return serverError(ctx, ctx.Err())
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case req := <-reqs:
+			m.addBytesReceived("source", proto.Size(req))
+			s.handle(info, log, types, req, notify)
+		case <-wake:
+		}
+		for _, t := range types {
+			if t.pendingNonce != "" {
+				continue
+			}
+			v := t.version()
+			if t.sent && v == t.sentVersion && !t.resend {
+				continue
+			}
+			if t.failed && v == t.failedVersion {
+				continue
+			}
+			nonce++
+			if err := s.push(stream, log, t, strconv.FormatUint(nonce, 10)); err != nil {
+				return streamEnd(ctx, err, recvErr)
+			}
+		}
+	}
+}
+
+// handle processes one request: a subscription to a new type, an ACK, a NACK, a stale
+// nonce, or a re-request.
+func (s *XDSServer) handle(info *StreamInfo, log *slog.Logger, types map[string]*xdsType, req *discoverypb.DiscoveryRequest, notify func()) {
+	m := s.adm.cfg.Metrics
+	if n := req.GetNode(); n != nil {
+		info.setNodeOnce(sinkNode(n))
+	}
+	url := req.GetTypeUrl()
+	t := types[url]
+	if t == nil {
+		t = &xdsType{typeURL: url, cancel: func() {}}
+		types[url] = t
+		if coll, ok := s.resolve(url); ok {
+			t.collection = coll
+			c, cancel, served := s.w.Watch(info, coll, notify)
+			t.cancel = cancel
+			if served {
+				t.coll = c
+			}
+		}
+		if t.coll == nil {
+			log.Debug("type not served to this client; answering with an empty state", "type_url", url, logCollection, t.collection)
+		}
+		return // a subscription, whatever nonce it carries
+	}
+	switch {
+	case req.GetResponseNonce() == "":
+		t.resend = t.pendingNonce == ""
+	case req.GetResponseNonce() != t.pendingNonce:
+		m.ignored("stale_nonce")
+		log.Debug("ignoring a request with a stale nonce", "type_url", url, logNonce, req.GetResponseNonce())
+	case req.GetErrorDetail() != nil:
+		t.pendingNonce = ""
+		t.failed, t.failedVersion = true, t.sentVersion
+		code := codes.Code(req.GetErrorDetail().GetCode())
+		m.sinkAckAs("source", t.collection, code)
+		log.Warn("xds client rejected a response; not resending it until the collection changes",
+			"type_url", url, logVersion, t.sentVersion, "code", code.String(), "message", req.GetErrorDetail().GetMessage())
+	default:
+		t.pendingNonce = ""
+		t.failed = false
+		m.sinkAckAs("source", t.collection, codes.OK)
+	}
+}
+
+// push sends the full state of t.
+func (s *XDSServer) push(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer, log *slog.Logger, t *xdsType, nonce string) error {
+	var entries []*Entry
+	var v uint64
+	if t.coll != nil {
+		snap := t.coll.Snapshot()
+		entries, v = snap.Entries, snap.Version
+	}
+	resp := &discoverypb.DiscoveryResponse{VersionInfo: strconv.FormatUint(v, 10), TypeUrl: t.typeURL, Nonce: nonce,
+		Resources: make([]*anypb.Any, len(entries))}
+	for i, e := range entries {
+		resp.Resources[i] = &anypb.Any{TypeUrl: ResourceTypeURL, Value: e.Encoded}
+	}
+	t.sent, t.sentVersion, t.resend = true, v, false
+	size := proto.Size(resp)
+	if size > s.opts.MaxMessageSize {
+		s.adm.cfg.Metrics.pushError(t.collection, "too_large")
+		log.Error("full state too large for one xds response; not sent until it changes",
+			"type_url", t.typeURL, "bytes", size, "limit", s.opts.MaxMessageSize)
+		return nil
+	}
+	if err := stream.Send(resp); err != nil {
+		return err
+	}
+	t.pendingNonce = nonce
+	s.adm.cfg.Metrics.xdsPushed(t.collection, size)
+	return nil
+}
+
+// sinkNode reads an xDS client's node as a SinkNode: its id, and its metadata's string
+// fields as annotations.
+func sinkNode(n *corepb.Node) *mcppb.SinkNode {
+	sn := &mcppb.SinkNode{Id: n.GetId()}
+	if md := n.GetMetadata(); md != nil {
+		sn.Annotations = map[string]string{}
+		for k, v := range md.GetFields() {
+			if s := v.GetStringValue(); s != "" {
+				sn.Annotations[k] = s
+			}
+		}
+	}
+	return sn
+}
