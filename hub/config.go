@@ -63,6 +63,40 @@ type Config struct {
 	Routing routing.Config `json:"routing"`
 	// MaxMessageSize is the largest push sent to a sink, in bytes. Default 4 MiB − 1 KiB.
 	MaxMessageSize int `json:"maxMessageSize,omitempty"`
+	// DialSinks are sinks that only listen (they serve ResourceSink): the hub dials each and
+	// pushes its subset, routed by the identity and node configured here.
+	DialSinks []DialSink `json:"dialSinks,omitempty"`
+	// Poll lists clusters whose minion serves ResourceSource (its destinations.listen) for
+	// the hub to dial, instead of the minion dialing in.
+	Poll []PollCluster `json:"poll,omitempty"`
+	// Backoff bounds the redial delay of dialSinks and poll. Default 100ms to 30s.
+	Backoff BackoffConfig `json:"backoff,omitempty"`
+}
+
+// DialSink is a sink the hub dials.
+type DialSink struct {
+	// Name identifies it in logs.
+	Name string `json:"name"`
+	// Addr is its ResourceSink address (host:port).
+	Addr string `json:"addr"`
+	// Identity, NodeID and Annotations are what routing sees for it.
+	Identity    string            `json:"identity,omitempty"`
+	NodeID      string            `json:"nodeId,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// PollCluster is a cluster whose minion the hub dials.
+type PollCluster struct {
+	// Cluster is the configured cluster's name; the stream is that cluster's.
+	Cluster string `json:"cluster"`
+	// Addr is the minion's ResourceSource address (host:port).
+	Addr string `json:"addr"`
+}
+
+// BackoffConfig is an exponential backoff with full jitter.
+type BackoffConfig struct {
+	Initial Duration `json:"initial,omitempty"`
+	Max     Duration `json:"max,omitempty"`
 }
 
 // TLSConfig names the hub's certificate, key and trust bundle (PEM files, re-read on change).
@@ -294,6 +328,31 @@ func (c *Config) compile() (*compiled, error) {
 			out.identity[id] = cl.Name
 		}
 		owners = append(owners, acl.Cluster{Name: cl.Name, Namespaces: cl.Namespaces, Hosts: cl.Hosts, ClusterScoped: cl.ClusterScoped})
+	}
+	seenSinks := map[string]bool{}
+	for i, d := range c.DialSinks {
+		field := fmt.Sprintf("dialSinks[%d]", i)
+		if d.Name == "" || seenSinks[d.Name] {
+			return nil, fmt.Errorf("%s.name: %q is empty or used twice", field, d.Name)
+		}
+		seenSinks[d.Name] = true
+		if _, _, err := net.SplitHostPort(d.Addr); err != nil {
+			return nil, fmt.Errorf("%s (%q).addr: %v", field, d.Name, err)
+		}
+	}
+	for i, p := range c.Poll {
+		field := fmt.Sprintf("poll[%d]", i)
+		if !names[p.Cluster] {
+			return nil, fmt.Errorf("%s.cluster: %q is not a configured cluster", field, p.Cluster)
+		}
+		if _, _, err := net.SplitHostPort(p.Addr); err != nil {
+			return nil, fmt.Errorf("%s (%q).addr: %v", field, p.Cluster, err)
+		}
+	}
+	for field, d := range map[string]Duration{"backoff.initial": c.Backoff.Initial, "backoff.max": c.Backoff.Max} {
+		if d.err != nil {
+			return nil, fmt.Errorf("%s: %w", field, d.err)
+		}
 	}
 	for i, p := range c.Conflicts.Priority {
 		if !names[p] {

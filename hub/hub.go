@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
@@ -41,7 +43,8 @@ type Hub struct {
 	store    *store
 	clusters map[string]*clusterState
 	source   *mcp.Source
-	creds    credentials.TransportCredentials
+	creds    credentials.TransportCredentials // server side; nil in development mode
+	dialCred credentials.TransportCredentials // client side
 	health   *health.Server
 
 	started time.Time
@@ -77,6 +80,9 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 			return nil, fmt.Errorf("tls: %w", err)
 		}
 		h.creds = credentials.NewTLS(ts.ServerConfig())
+		h.dialCred = credentials.NewTLS(ts.ClientConfig(""))
+	} else {
+		h.dialCred = insecure.NewCredentials()
 	}
 	h.source, err = mcp.NewSource(mcp.SourceOptions{Watcher: router{h}, MaxMessageSize: cfg.MaxMessageSize, Logger: log, Metrics: h.mcpMetrics})
 	if err != nil {
@@ -246,6 +252,7 @@ func (h *Hub) Run(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { h.housekeeping(ctx); return nil })
+	h.runDialers(ctx, g)
 	return g.Wait()
 }
 
@@ -298,5 +305,41 @@ func (h *Hub) expireStale() {
 				h.metrics.resources(cs.name, coll, 0)
 			}
 		}
+	}
+}
+
+// runDialers starts the streams the hub opens itself: pushes to sinks that only listen (once
+// the hub is ready) and polls of minions that only listen.
+func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
+	b := mcp.Backoff{Initial: h.cfg.Backoff.Initial.Duration, Max: h.cfg.Backoff.Max.Duration}
+	for _, d := range h.cfg.DialSinks {
+		log := h.log.With("sink", d.Name, "addr", d.Addr)
+		node := &mcppb.SinkNode{Id: d.NodeID, Annotations: d.Annotations}
+		g.Go(func() error {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-h.readyCh:
+			}
+			log.Info("pushing to a sink that only listens")
+			mcp.Redial(ctx, []string{d.Addr}, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+				return h.source.PushToAs(ctx, conn, d.Identity, node)
+			})
+			return nil
+		})
+	}
+	for _, p := range h.cfg.Poll {
+		cs := h.clusters[p.Cluster]
+		g.Go(func() error {
+			cs.log.Info("polling the cluster's minion", "addr", p.Addr)
+			mcp.Redial(ctx, []string{p.Addr}, h.dialCred, b, cs.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+				sink, err := h.clusterSink(cs)
+				if err != nil {
+					return err
+				}
+				return sink.PullFrom(ctx, conn)
+			})
+			return nil
+		})
 	}
 }

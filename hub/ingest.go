@@ -128,7 +128,12 @@ func (h *Hub) newClusterSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink
 	if !ok {
 		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", info.Identity)
 	}
-	cs := h.clusters[name]
+	return h.clusterSink(h.clusters[name])
+}
+
+// clusterSink returns a Sink for one stream of cs, dialed in or polled.
+func (h *Hub) clusterSink(cs *clusterState) (*mcp.Sink, error) {
+	name := cs.name
 	var sink *mcp.Sink
 	var err error
 	sink, err = mcp.NewSink(mcp.SinkOptions{

@@ -195,6 +195,13 @@ func target(conn grpc.ClientConnInterface) string {
 // until the stream fails or ctx is done. It returns nil only when the sink closed the stream
 // cleanly. Callers redial (with backoff) as they see fit.
 func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) error {
+	return s.PushToAs(parent, conn, "", nil)
+}
+
+// PushToAs is PushTo for a sink the caller has identified: the stream's StreamInfo carries
+// identity and node, so the Watcher routes it as it would that sink dialing in (a hub dialing
+// out to a sink that only listens uses this with the sink's configured identity).
+func (s *Source) PushToAs(parent context.Context, conn grpc.ClientConnInterface, identity string, node *mcppb.SinkNode) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	st, err := conn.NewStream(ctx, &mcppb.ResourceSink_ServiceDesc.Streams[0], mcppb.ResourceSink_EstablishResourceStream_FullMethodName, callOptions()...)
@@ -206,7 +213,9 @@ func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) e
 	if err := st.SendMsg(&mcppb.Resources{Collection: TriggerCollection}); err != nil {
 		return clientError(parent, fmt.Errorf("send trigger to %s: %w", target(conn), sendError(st, err)))
 	}
-	return clientError(parent, s.Serve(ctx, st, newStreamInfo("source", "client", target(conn), "")))
+	info := newStreamInfo("source", "client", target(conn), identity)
+	info.setNodeOnce(node)
+	return clientError(parent, s.Serve(ctx, st, info))
 }
 
 // PullFrom opens a stream to the ResourceSource service on conn and runs the sink role on it

@@ -334,7 +334,7 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 			m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
 		}
 		g.Go(func() error {
-			redial(ctx, addrs, m.clientCreds, m.cfg.Destinations.Backoff, m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			mcp.Redial(ctx, addrs, m.clientCreds, m.cfg.Destinations.Backoff.backoff(), m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				if !m.tlsOn {
 					// Development mode: tell a hub in development mode who we claim to be.
 					ctx = metadata.AppendToOutgoingContext(ctx, devIdentityHeader, m.cfg.Cluster)

@@ -62,7 +62,7 @@ func (s *UpstreamSource) Synced() bool { return s.sink.Synced() }
 // Run follows the upstream until ctx ends, reconnecting with backoff and resuming by
 // versions. What was received stays published while disconnected.
 func (s *UpstreamSource) Run(ctx context.Context) error {
-	redial(ctx, []string{s.addr}, s.creds, s.backoff, s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+	mcp.Redial(ctx, []string{s.addr}, s.creds, s.backoff.backoff(), s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
 		return s.sink.PullFrom(ctx, conn)
 	})
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -467,4 +468,56 @@ func TestHubServesMCPOverXDS(t *testing.T) {
 		t.Fatalf("after a change the xds client got %d resources of %s", len(r.GetResources()), r.GetTypeUrl())
 	}
 	waitFor(t, 10*time.Second, "mcp sink", func() bool { return mcpSink.view(vs) == "shop/cart@east,shop/more@east" })
+}
+
+// TestHubPollsAndDialsOut: the hub dials a minion that only listens (poll) and a sink that
+// only listens (dialSinks), and the sink receives the polled cluster's resources.
+func TestHubPollsAndDialsOut(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+
+	// East's minion only listens.
+	ecfg := &minion.Config{Cluster: "east", Sources: []minion.SourceConfig{{URL: "fs://" + east}}, Collections: []string{vs, dr},
+		Destinations: minion.DestinationsConfig{Listen: "127.0.0.1:0"}}
+	if err := ecfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	em, err := minion.New(ecfg, logger(t).With("side", "minion-east"), minion.NewTelemetry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mdone := make(chan error, 1)
+	go func() { mdone <- em.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-mdone })
+	waitFor(t, 10*time.Second, "east listening", func() bool { return em.ListenAddr() != "" })
+
+	// A sink that only listens.
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(mcp.ServerOptions()...)
+	mcp.NewSinkServer(func(context.Context, *mcp.StreamInfo) (*mcp.Sink, error) {
+		return mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "listening-sink")})
+	}, mcp.ServerConfig{Logger: logger(t)}).Register(srv)
+	sdone := make(chan struct{})
+	go func() { defer close(sdone); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-sdone })
+
+	cfg := twoClusterConfig()
+	cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: em.ListenAddr()}}
+	cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: lis.Addr().String(), NodeID: "global-dialed"}}
+	cfg.Backoff = hub.BackoffConfig{Initial: hub.Duration{Duration: 20 * time.Millisecond}, Max: hub.Duration{Duration: 200 * time.Millisecond}}
+	h := runHub(t, cfg)
+	ingest, _, _ := h.Addrs()
+	runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready (east polled, west pushed)", h.Ready)
+	waitFor(t, 10*time.Second, "the listening sink's view", func() bool { return sc.view(vs) == "pay/api@west,shop/cart@east" })
+	writeFile(t, east, "shop/more.yaml", vsYAML("more", "shop", "", "more.shop.example.com"))
+	waitFor(t, 10*time.Second, "a polled change reaches the dialed sink", func() bool {
+		return sc.view(vs) == "pay/api@west,shop/cart@east,shop/more@east"
+	})
 }
