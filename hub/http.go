@@ -53,6 +53,10 @@ func (h *Hub) Clusters() []ClusterStatus {
 	return out
 }
 
+// Sinks returns the connected MCP sinks (dialed in or dialed out) with their subset and
+// per-collection push and ACK state.
+func (h *Hub) Sinks() []SinkStatus { return h.sinks.list() }
+
 // Conflicts returns every collection/name several clusters publish, with the winner.
 func (h *Hub) Conflicts() []Conflict { return h.store.conflicts() }
 
@@ -74,6 +78,7 @@ func (h *Hub) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Clusters()) })
+	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Sinks()) })
 	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Conflicts()) })
 	mux.HandleFunc("/api/owners", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

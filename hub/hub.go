@@ -42,6 +42,7 @@ type Hub struct {
 
 	store    *store
 	clusters map[string]*clusterState
+	sinks    *sinkRegistry
 	source   *mcp.Source
 	creds    credentials.TransportCredentials // server side; nil in development mode
 	dialCred credentials.TransportCredentials // client side
@@ -84,7 +85,9 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 	} else {
 		h.dialCred = insecure.NewCredentials()
 	}
-	h.source, err = mcp.NewSource(mcp.SourceOptions{Watcher: router{h}, MaxMessageSize: cfg.MaxMessageSize, Logger: log, Metrics: h.mcpMetrics})
+	h.sinks = newSinkRegistry(h)
+	h.source, err = mcp.NewSource(mcp.SourceOptions{Watcher: router{h}, MaxMessageSize: cfg.MaxMessageSize, Logger: log, Metrics: h.mcpMetrics,
+		Hooks: h.sinks.hooks()})
 	if err != nil {
 		return nil, err
 	}

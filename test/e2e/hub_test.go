@@ -335,6 +335,22 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	if strings.Join(owners.Clusters, ",") != "west" {
 		t.Errorf("owners of x.pay.example.com = %v", owners.Clusters)
 	}
+	var sinks []hub.SinkStatus
+	waitFor(t, 10*time.Second, "sinks ACKed", func() bool {
+		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
+		acked := 0
+		for _, s := range sinks {
+			if c := s.Collections[vs]; c != nil && c.AckedVersion > 0 && c.AckedVersion == c.PushedVersion && !c.Pending {
+				acked++
+			}
+		}
+		return len(sinks) == 2 && acked == 2
+	})
+	for _, s := range sinks {
+		if want := map[string]string{"east-istiod": "east-only", "global-istiod": "all"}[s.NodeID]; strings.Join(s.Rules, ",") != want || s.Transport != "server" {
+			t.Errorf("sink %+v: rules %v, want %s", s, s.Rules, want)
+		}
+	}
 	var dry hub.DryRun
 	getJSON(t, "http://"+admin+"/api/dryrun?node=east-istiod", &dry)
 	if strings.Join(dry.Rules, ",") != "east-only" || len(dry.Resources[vs]) != 1 || dry.Resources[vs]["shop/cart"] == "" {
