@@ -71,6 +71,18 @@ type Config struct {
 	Poll []PollCluster `json:"poll,omitempty"`
 	// Backoff bounds the redial delay of dialSinks and poll. Default 100ms to 30s.
 	Backoff BackoffConfig `json:"backoff,omitempty"`
+	// Limits on new streams per peer (authenticated identity, else IP address); excess
+	// streams are refused with ResourceExhausted.
+	Limits LimitsConfig `json:"limits,omitempty"`
+}
+
+// LimitsConfig bounds how fast one peer may open streams (Istio's sinks redial in a tight
+// loop when a stream fails).
+type LimitsConfig struct {
+	// StreamsPerSecond per peer. Default 5.
+	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
+	// StreamBurst is how many a peer may open at once. Default 20.
+	StreamBurst int `json:"streamBurst,omitempty"`
 }
 
 // DialSink is a sink the hub dials.
@@ -281,6 +293,9 @@ func (c *Config) compile() (*compiled, error) {
 	}
 	if c.MaxMessageSize < 0 {
 		return nil, fmt.Errorf("maxMessageSize: %d is negative", c.MaxMessageSize)
+	}
+	if c.Limits.StreamsPerSecond < 0 || c.Limits.StreamBurst < 0 {
+		return nil, errors.New("limits: streamsPerSecond and streamBurst must not be negative")
 	}
 	if len(c.Collections) == 0 {
 		c.Collections = kinds.Collections()

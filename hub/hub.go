@@ -203,12 +203,12 @@ func (h *Hub) Run(ctx context.Context) error {
 		serverOpts = append(serverOpts, grpc.Creds(h.creds))
 	}
 	ingest := grpc.NewServer(serverOpts...)
-	mcp.NewSinkServer(h.newClusterSink, mcp.ServerConfig{Authenticate: h.authenticateCluster, Logger: h.log, Metrics: h.mcpMetrics}).Register(ingest)
+	mcp.NewSinkServer(h.newClusterSink, h.serverConfig(h.authenticateCluster)).Register(ingest)
 	healthpb.RegisterHealthServer(ingest, h.health)
 	serve := grpc.NewServer(serverOpts...)
-	mcp.NewSourceServer(h.source, mcp.ServerConfig{Authenticate: h.authenticateSink, Logger: h.log, Metrics: h.mcpMetrics}).Register(serve)
+	mcp.NewSourceServer(h.source, h.serverConfig(h.authenticateSink)).Register(serve)
 	xds, err := mcp.NewXDSServer(router{h}, mcp.XDSOptions{Resolve: h.resolveTypeURL, MaxMessageSize: h.cfg.MaxMessageSize,
-		Server: mcp.ServerConfig{Authenticate: h.authenticateSink, Logger: h.log, Metrics: h.mcpMetrics}})
+		Server: h.serverConfig(h.authenticateSink)})
 	if err != nil {
 		return err
 	}
@@ -345,4 +345,20 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 			return nil
 		})
 	}
+}
+
+func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.ServerConfig {
+	return mcp.ServerConfig{Authenticate: auth, Logger: h.log, Metrics: h.mcpMetrics,
+		StreamRate: h.cfg.Limits.StreamsPerSecond, StreamBurst: h.cfg.Limits.StreamBurst}
+}
+
+// Apply applies a change to the store as if cluster had pushed it on a stream: the ACL, the
+// merge and the views, exactly as for a pushed change. For embedding and benchmarks; the
+// error is the NACK a stream would have sent.
+func (h *Hub) Apply(cluster string, c *mcp.Change) error {
+	cs := h.clusters[cluster]
+	if cs == nil {
+		return fmt.Errorf("cluster %q is not configured", cluster)
+	}
+	return h.applyCluster(cs, nil, c)
 }

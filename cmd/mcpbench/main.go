@@ -11,6 +11,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -22,15 +24,86 @@ func main() {
 	changes := flag.Int("changes", 200, "changes measured per row")
 	resources := flag.Int("resources", 100, "resources in the collection")
 	size := flag.Int("size", 256, "bytes per resource body")
-	only := flag.String("only", "", "run only this table: engine or minion")
+	only := flag.String("only", "", "run only this table: engine, minion or hub")
+	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
+	hubResources := flag.String("hub-resources", "1000,100000,1000000", "stored resources of the hub CPU-per-change rows")
 	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
 	flag.Parse()
-	if *only != "minion" {
+	if *only == "" || *only == "engine" {
 		engineTable(*changes, *resources, *size)
 	}
-	if *only != "engine" {
+	if *only == "" || *only == "minion" {
 		minionTable(*kubeObjects)
 	}
+	if *only == "" || *only == "hub" {
+		hubTable(ints(*hubSinks), ints(*hubResources), *resources, *size)
+	}
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			fail("flag", err)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func hubTable(sinks, stored []int, resources, size int) {
+	fmt.Println()
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "hub scenario\thub\tbaseline\tratio\tnotes\t")
+	for _, n := range sinks {
+		changes := 50
+		if n >= 10000 {
+			changes = 10
+		}
+		cfg := bench.FanoutConfig{Streams: n, Resources: resources, Changes: changes, Incremental: true, ResourceBytes: size}
+		base, err := bench.BaselineFanout(cfg)
+		if err != nil {
+			fail("baseline", err)
+		}
+		hr, err := bench.HubFanout(cfg)
+		if err != nil {
+			fail("hub fan-out", err)
+		}
+		fmt.Fprintf(w, "one change to %d sinks (per change)\t%v\t%v\t%.2f\tminion push+ACK, ACL, merge, view, fan-out; baseline: bare gRPC, same bytes; %.2f resource / %.2f body encodes per change\t\n",
+			n, hr.PerChange.Round(time.Microsecond), base.PerChange.Round(time.Microsecond), float64(hr.PerChange)/float64(base.PerChange), hr.ResourceEncodes, hr.BodyEncodes)
+	}
+	var first time.Duration
+	for _, n := range stored {
+		r, err := bench.HubStore(n, 2000, size)
+		if err != nil {
+			fail("hub store", err)
+		}
+		if first == 0 {
+			first = r.CPUPerChange
+		}
+		fmt.Fprintf(w, "CPU per change, %d resources stored\t%v\t%v\t%.2f\tbaseline: the same at %d resources; %.0f allocs/change; heap %.0f MiB\t\n",
+			n, r.CPUPerChange.Round(100*time.Nanosecond), first.Round(100*time.Nanosecond), float64(r.CPUPerChange)/float64(first), stored[0], r.AllocsPerChange, r.HeapMiB)
+		if n == 100000 {
+			fmt.Fprintf(w, "memory per 100k resources (MiB)\t%.0f\t-\t-\treceived + served forms, index, one view (%d B bodies)\t\n", r.HeapMiB, size)
+		}
+	}
+	idle, err := bench.IdleSinks(1000)
+	if err != nil {
+		fail("idle sinks", err)
+	}
+	fmt.Fprintf(w, "idle sink memory (KiB per sink, 1000 sinks)\t%.1f\t%.1f\t%.2f\tboth include the clients' side, in this process; baseline: bare gRPC stream holding one push\t\n",
+		idle.PerSinkKiB, idle.BaselineKiB, idle.PerSinkKiB/idle.BaselineKiB)
+	lat, err := bench.HubLatency(100, 1000, 50)
+	if err != nil {
+		fail("latency", err)
+	}
+	fmt.Fprintf(w, "minion -> hub -> sink latency, 100 clusters, 1000 sinks\tp50 %v\tp99 %v\t-\tmax %v over %d changes x %d sinks\t\n",
+		lat.P50.Round(100*time.Microsecond), lat.P99.Round(100*time.Microsecond), lat.Max.Round(100*time.Microsecond), lat.Changes, lat.Sinks)
+	w.Flush()
 }
 
 func fail(what string, err error) {

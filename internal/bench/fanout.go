@@ -70,6 +70,11 @@ func Resource(i, v, size int) *mcpapi.Resource {
 // ackClients opens n ResourceSource streams to addr that receive pushes undecoded, ACK each
 // at once and report every receipt on got. They stop when ctx ends.
 func ackClients(ctx context.Context, addr string, n int, incremental bool, got chan<- int) (wait func(), err error) {
+	return ackClientsFor(ctx, addr, Collection, n, incremental, got)
+}
+
+// ackClientsFor is ackClients for another collection.
+func ackClientsFor(ctx context.Context, addr, collection string, n int, incremental bool, got chan<- int) (wait func(), err error) {
 	perConn := 100
 	var conns []*grpc.ClientConn
 	var wg sync.WaitGroup
@@ -87,7 +92,7 @@ func ackClients(ctx context.Context, addr string, n int, incremental bool, got c
 		if err != nil {
 			return nil, err
 		}
-		if err := st.SendMsg(&mcppb.RequestResources{Collection: Collection, Incremental: incremental}); err != nil {
+		if err := st.SendMsg(&mcppb.RequestResources{Collection: collection, Incremental: incremental}); err != nil {
 			return nil, err
 		}
 		wg.Add(1)
@@ -99,7 +104,7 @@ func ackClients(ctx context.Context, addr string, n int, incremental bool, got c
 					return
 				}
 				nonce := scanNonce(f.b)
-				if err := st.SendMsg(&mcppb.RequestResources{Collection: Collection, ResponseNonce: nonce, Incremental: incremental}); err != nil {
+				if err := st.SendMsg(&mcppb.RequestResources{Collection: collection, ResponseNonce: nonce, Incremental: incremental}); err != nil {
 					return
 				}
 				select {
