@@ -144,6 +144,7 @@ func (k *Sink) initialVersions(collection string) map[string]string {
 func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	info.setCancel(cancel)
 	log := k.opts.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "sink")
 	k.opts.Metrics.streamOpened(info)
 	k.opts.Hooks.streamOpened(info)

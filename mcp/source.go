@@ -96,6 +96,7 @@ func newStreamInfo(role, transport, peer, identity string) *StreamInfo {
 func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	info.setCancel(cancel)
 	log := s.opts.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "source")
 	m := s.opts.Metrics
 	m.streamOpened(info)

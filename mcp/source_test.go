@@ -3,6 +3,7 @@ package mcp
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -301,6 +302,27 @@ func TestRejectionsRoundTrip(t *testing.T) {
 		got := Rejections(ev.Detail)
 		if ev.Code != codes.PermissionDenied || len(got) != 2 || got[0].Resource != "ns/bad" || got[1].Reason != `namespace "ns" is not owned by this cluster` {
 			t.Fatalf("NACK = %v %q, rejections %+v", ev.Code, ev.Message, got)
+		}
+	})
+}
+
+// TestStreamInfoCloseEndsTheStream: a store can end a stream it serves (e.g. after a
+// configuration reload routes the peer elsewhere); the peer sees the stream end.
+func TestStreamInfoCloseEndsTheStream(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		c := NewCache(vs)
+		c.Put(vs, entry(t, "ns/a", "1"))
+		infos := make(chan *StreamInfo, 1)
+		src := newTestSource(t, c, func(o *SourceOptions) { o.Hooks.StreamOpened = func(i *StreamInfo) { infos <- i } })
+		raw := newRawSink(t, src, d)
+		raw.request(vs, false, nil)
+		raw.next()
+		(<-infos).Close()
+		select {
+		case err := <-raw.errc:
+			t.Logf("stream ended: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stream did not end")
 		}
 	})
 }

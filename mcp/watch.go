@@ -89,8 +89,28 @@ type StreamInfo struct {
 	// authorize on this, never on Node.
 	Identity string
 
-	mu   sync.Mutex
-	node *mcppb.SinkNode
+	mu     sync.Mutex
+	node   *mcppb.SinkNode
+	cancel func()
+}
+
+// Close ends the stream (its Serve returns, the peer sees the stream end and, being an MCP
+// client, reconnects). Stores use it when what a stream may see has changed in a way an
+// update cannot express, e.g. a configuration reload that routes the peer elsewhere. Safe to
+// call more than once and before the stream is served (then it does nothing).
+func (i *StreamInfo) Close() {
+	i.mu.Lock()
+	c := i.cancel
+	i.mu.Unlock()
+	if c != nil {
+		c()
+	}
+}
+
+func (i *StreamInfo) setCancel(c func()) {
+	i.mu.Lock()
+	i.cancel = c
+	i.mu.Unlock()
 }
 
 // Node returns the SinkNode the peer sent first, or nil. It is informative, not authoritative.

@@ -100,6 +100,7 @@ func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDisco
 		return err
 	}
 	info.Transport = "xds"
+	info.setCancel(cancel)
 	log := s.adm.cfg.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "source", logTransport, "xds")
 	m := s.adm.cfg.Metrics
 	m.streamOpened(info)
