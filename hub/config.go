@@ -251,7 +251,11 @@ type compiled struct {
 	policy   *acl.Policy
 	routes   *routing.Table
 	identity map[string]string // identity -> cluster
+	clusters map[string]bool   // configured cluster names
 }
+
+// removed reports whether a cluster is no longer configured.
+func (c *compiled) removed(cluster string) bool { return !c.clusters[cluster] }
 
 // Validate checks the configuration, fills defaults and compiles the ACL and the routing
 // table. Errors name the field.
@@ -321,7 +325,7 @@ func (c *Config) compile() (*compiled, error) {
 	if len(c.Clusters) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}}
+	out := &compiled{identity: map[string]string{}, clusters: map[string]bool{}}
 	owners := make([]acl.Cluster, 0, len(c.Clusters))
 	names := map[string]bool{}
 	for i, cl := range c.Clusters {
@@ -333,6 +337,7 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
 		}
 		names[cl.Name] = true
+		out.clusters[cl.Name] = true
 		if len(cl.Identities) == 0 {
 			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required", field, cl.Name)
 		}

@@ -123,14 +123,14 @@ func runGolden(t *testing.T, path string) {
 	}
 	var views []opened
 	for _, s := range sinks {
-		sub := h.comp.routes.Select(routing.Sink{Identity: s.Identity, NodeID: s.Node, Annotations: s.Annotations})
+		sub := h.current().comp.routes.Select(routing.Sink{Identity: s.Identity, NodeID: s.Node, Annotations: s.Annotations})
 		cache, release := h.store.watch(sub)
 		defer release()
 		views = append(views, opened{s, sub, cache})
 	}
 
 	for i, p := range pushes {
-		cs := h.clusters[p.Cluster]
+		cs := h.cluster(p.Cluster)
 		if cs == nil {
 			t.Fatalf("push %d: unknown cluster %q", i, p.Cluster)
 		}

@@ -43,10 +43,11 @@ func (h *Hub) Clusters() []ClusterStatus {
 			lost[l][c.Collection][c.Name] = c.Winner
 		}
 	}
-	out := make([]ClusterStatus, 0, len(h.clusters))
-	for name, cs := range h.clusters {
-		st := cs.status(h.store.counts(name))
-		st.Conflicts = lost[name]
+	cl := h.clusterList()
+	out := make([]ClusterStatus, 0, len(cl))
+	for _, cs := range cl {
+		st := cs.status(h.store.counts(cs.name))
+		st.Conflicts = lost[cs.name]
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -62,7 +63,7 @@ func (h *Hub) Conflicts() []Conflict { return h.store.conflicts() }
 
 // DryRun returns what a sink with this identity and SinkNode would receive now.
 func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string) DryRun {
-	sub := h.comp.routes.Select(routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations})
+	sub := h.current().comp.routes.Select(routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations})
 	return DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Rules: sub.Rules(), Resources: h.store.served(sub)}
 }
 
@@ -84,9 +85,9 @@ func (h *Hub) httpHandler() http.Handler {
 		q := r.URL.Query()
 		switch {
 		case q.Get("host") != "":
-			writeJSON(w, Owners{Host: q.Get("host"), Clusters: orEmpty(h.comp.policy.OwnersOfHost(q.Get("host")))})
+			writeJSON(w, Owners{Host: q.Get("host"), Clusters: orEmpty(h.current().comp.policy.OwnersOfHost(q.Get("host")))})
 		case q.Get("namespace") != "":
-			writeJSON(w, Owners{Namespace: q.Get("namespace"), Clusters: orEmpty(h.comp.policy.OwnersOfNamespace(q.Get("namespace")))})
+			writeJSON(w, Owners{Namespace: q.Get("namespace"), Clusters: orEmpty(h.current().comp.policy.OwnersOfNamespace(q.Get("namespace")))})
 		default:
 			http.Error(w, "give ?host=NAME or ?namespace=NAME", http.StatusBadRequest)
 		}

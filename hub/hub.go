@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,8 +32,8 @@ import (
 
 // Hub is one hub process: ingest from minions, the store, and serving to sinks.
 type Hub struct {
-	cfg        *Config
-	comp       *compiled
+	cfg        *Config // as started: the fields a reload may not change are read from it
+	live       atomic.Pointer[live]
 	log        *slog.Logger
 	reg        *prometheus.Registry
 	metrics    *Metrics
@@ -41,12 +42,15 @@ type Hub struct {
 	maxRecv    int
 
 	store    *store
-	clusters map[string]*clusterState
 	sinks    *sinkRegistry
-	source   *mcp.Source
-	creds    credentials.TransportCredentials // server side; nil in development mode
-	dialCred credentials.TransportCredentials // client side
-	health   *health.Server
+	watchers *watchRegistry
+
+	clustersMu sync.RWMutex // guards clusters
+	clusters   map[string]*clusterState
+	source     *mcp.Source
+	creds      credentials.TransportCredentials // server side; nil in development mode
+	dialCred   credentials.TransportCredentials // client side
+	health     *health.Server
 
 	started time.Time
 
@@ -68,9 +72,10 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	h := &Hub{cfg: cfg, comp: comp, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg),
+	h := &Hub{cfg: cfg, log: log, watchers: newWatchRegistry(), reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg),
 		now: time.Now, maxRecv: 64 << 20, clusters: map[string]*clusterState{}, readyCh: make(chan struct{}),
 		health: health.NewServer()}
+	h.live.Store(&live{cfg: cfg, comp: comp})
 	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics)
 	for _, c := range cfg.Clusters {
 		h.clusters[c.Name] = &clusterState{name: c.Name, log: log.With("cluster", c.Name)}
@@ -94,6 +99,32 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 	return h, nil
 }
 
+// live is the part of the configuration a reload replaces.
+type live struct {
+	cfg  *Config
+	comp *compiled
+}
+
+func (h *Hub) current() *live { return h.live.Load() }
+
+func (h *Hub) cluster(name string) *clusterState {
+	h.clustersMu.RLock()
+	defer h.clustersMu.RUnlock()
+	return h.clusters[name]
+}
+
+// clusterList returns the configured clusters' states, by name.
+func (h *Hub) clusterList() []*clusterState {
+	h.clustersMu.RLock()
+	out := make([]*clusterState, 0, len(h.clusters))
+	for _, cs := range h.clusters {
+		out = append(out, cs)
+	}
+	h.clustersMu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
 // Registry returns the metrics registry.
 func (h *Hub) Registry() *prometheus.Registry { return h.reg }
 
@@ -114,10 +145,10 @@ func (h *Hub) Ready() bool {
 
 func (h *Hub) pendingClusters() []string {
 	var out []string
-	for name, cs := range h.clusters {
+	for _, cs := range h.clusterList() {
 		cs.mu.Lock()
 		if !cs.everSynced {
-			out = append(out, name)
+			out = append(out, cs.name)
 		}
 		cs.mu.Unlock()
 	}
@@ -179,10 +210,11 @@ type router struct{ h *Hub }
 // Watch implements mcp.Watcher.
 func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
 	node := info.Node()
-	sub := r.h.comp.routes.Select(routing.Sink{Identity: info.Identity, NodeID: node.GetId(), Annotations: node.GetAnnotations()})
+	sub := r.h.current().comp.routes.Select(routing.Sink{Identity: info.Identity, NodeID: node.GetId(), Annotations: node.GetAnnotations()})
 	cache, release := r.h.store.watch(sub)
 	coll, cancel, ok := cache.Watch(info, collection, notify)
-	return coll, func() { cancel(); release() }, ok
+	untrack := r.h.watchers.track(info, sub.Key())
+	return coll, func() { cancel(); release(); untrack() }, ok
 }
 
 // Run serves until ctx ends.
@@ -284,13 +316,14 @@ func (h *Hub) housekeeping(ctx context.Context) {
 
 func (h *Hub) expireStale() {
 	now := h.now()
-	for _, cs := range h.clusters {
+	staleness := h.current().cfg.Staleness
+	for _, cs := range h.clusterList() {
 		cs.mu.Lock()
 		since := cs.disconnectedAt
 		var due []string
 		if !since.IsZero() {
 			for _, coll := range h.cfg.Collections {
-				if ttl := h.cfg.Staleness.ttl(coll); ttl > 0 && now.Sub(since) >= ttl && !cs.dropped[coll] {
+				if ttl := staleness.ttl(coll); ttl > 0 && now.Sub(since) >= ttl && !cs.dropped[coll] {
 					due = append(due, coll)
 					if cs.dropped == nil {
 						cs.dropped = map[string]bool{}
@@ -332,7 +365,7 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 		})
 	}
 	for _, p := range h.cfg.Poll {
-		cs := h.clusters[p.Cluster]
+		cs := h.cluster(p.Cluster)
 		g.Go(func() error {
 			cs.log.Info("polling the cluster's minion", "addr", p.Addr)
 			mcp.Redial(ctx, []string{p.Addr}, h.dialCred, b, cs.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -356,7 +389,7 @@ func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.Serve
 // merge and the views, exactly as for a pushed change. For embedding and benchmarks; the
 // error is the NACK a stream would have sent.
 func (h *Hub) Apply(cluster string, c *mcp.Change) error {
-	cs := h.clusters[cluster]
+	cs := h.cluster(cluster)
 	if cs == nil {
 		return fmt.Errorf("cluster %q is not configured", cluster)
 	}

@@ -33,6 +33,22 @@ type clusterState struct {
 	dropped        map[string]bool // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
 	received       map[*mcp.Sink]map[string]bool // per open stream: collections pushed so far
+	open           map[*mcp.StreamInfo]bool      // open ingest streams, to close on a reload
+}
+
+// closeStreams ends the cluster's ingest streams: its minion reconnects and resumes,
+// resending what the hub does not hold (after a reload that widened what it owns).
+func (cs *clusterState) closeStreams() int {
+	cs.mu.Lock()
+	infos := make([]*mcp.StreamInfo, 0, len(cs.open))
+	for i := range cs.open {
+		infos = append(infos, i)
+	}
+	cs.mu.Unlock()
+	for _, i := range infos {
+		i.Close()
+	}
+	return len(infos)
 }
 
 // ClusterStatus is one cluster as the admin API shows it.
@@ -111,7 +127,7 @@ func (h *Hub) authenticateCluster(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if _, ok := h.comp.identity[id]; !ok {
+	if _, ok := h.current().comp.identity[id]; !ok {
 		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", id)
 	}
 	if h.cfg.DevMode {
@@ -124,11 +140,12 @@ func (h *Hub) authenticateCluster(ctx context.Context) (string, error) {
 // collection, declares what the hub already holds for that cluster (so the minion resumes),
 // and applies pushes through the ACL into the store.
 func (h *Hub) newClusterSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink, error) {
-	name, ok := h.comp.identity[info.Identity]
-	if !ok {
+	name, ok := h.current().comp.identity[info.Identity]
+	cs := h.cluster(name)
+	if !ok || cs == nil {
 		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", info.Identity)
 	}
-	return h.clusterSink(h.clusters[name])
+	return h.clusterSink(cs)
 }
 
 // clusterSink returns a Sink for one stream of cs, dialed in or polled.
@@ -145,10 +162,19 @@ func (h *Hub) clusterSink(cs *clusterState) (*mcp.Sink, error) {
 		Logger:          cs.log,
 		Metrics:         h.mcpMetrics,
 		Hooks: mcp.Hooks{
-			StreamOpened: func(*mcp.StreamInfo) { h.clusterConnected(cs, true) },
-			StreamClosed: func(*mcp.StreamInfo, error) {
+			StreamOpened: func(i *mcp.StreamInfo) {
+				cs.mu.Lock()
+				if cs.open == nil {
+					cs.open = map[*mcp.StreamInfo]bool{}
+				}
+				cs.open[i] = true
+				cs.mu.Unlock()
+				h.clusterConnected(cs, true)
+			},
+			StreamClosed: func(i *mcp.StreamInfo, _ error) {
 				cs.mu.Lock()
 				delete(cs.received, sink)
+				delete(cs.open, i)
 				cs.mu.Unlock()
 				h.clusterConnected(cs, false)
 			},
@@ -182,6 +208,10 @@ func (h *Hub) clusterConnected(cs *clusterState, up bool) {
 // part (whatever is rejected is never served), and NACKs with every rejected resource and
 // why, including those that lost a conflict.
 func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) error {
+	cur := h.current()
+	if cur.comp.removed(cs.name) {
+		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
+	}
 	var put []*resource
 	var rejected []mcp.Rejection
 	keep := map[string]bool{}
@@ -190,7 +220,7 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 		r := c.Resources[i]
 		hosts, err := acl.Hosts(c.Collection, r.GetBody().GetValue())
 		if err == nil {
-			err = h.comp.policy.Check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
+			err = cur.comp.policy.Check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
 		}
 		if err != nil {
 			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
@@ -198,7 +228,7 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 			aclRejected = true
 			continue
 		}
-		res, err := newResource(cs.name, c.Collection, e, r)
+		res, err := newResource(cs.name, c.Collection, e, r, hosts)
 		if err != nil {
 			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
 			keep[e.Name] = true
@@ -216,7 +246,7 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 	for _, n := range lostNames {
 		rejected = append(rejected, mcp.Rejection{Resource: n,
 			Reason: fmt.Sprintf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
-				lost[n], n, h.cfg.conflictWhy())})
+				lost[n], n, cur.cfg.conflictWhy())})
 	}
 
 	cs.mu.Lock()

@@ -9,6 +9,7 @@ type Metrics struct {
 	resourcesGauge *prometheus.GaugeVec
 	rejections     *prometheus.CounterVec
 	viewsGauge     prometheus.Gauge
+	reloads        *prometheus.CounterVec
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -25,8 +26,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Resources rejected (ownership, validation) or losing a conflict, by cluster and collection."}, []string{"cluster", "collection"}),
 		viewsGauge: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "views",
 			Help: "Distinct routing subsets currently served (one shared view each)."}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
+			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
 	}
-	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge)
+	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads)
 	return m
 }
 
@@ -60,4 +63,11 @@ func (m *Metrics) views(n int) {
 		return
 	}
 	m.viewsGauge.Set(float64(n))
+}
+
+func (m *Metrics) reload(result string) {
+	if m == nil {
+		return
+	}
+	m.reloads.WithLabelValues(result).Inc()
 }

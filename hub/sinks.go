@@ -111,7 +111,7 @@ func (r *sinkRegistry) list() []SinkStatus {
 		cp := *s
 		n := s.info.Node()
 		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
-		cp.Rules = r.h.comp.routes.Select(routing.Sink{Identity: s.Identity, NodeID: cp.NodeID, Annotations: cp.Annotations}).Rules()
+		cp.Rules = r.h.current().comp.routes.Select(routing.Sink{Identity: s.Identity, NodeID: cp.NodeID, Annotations: cp.Annotations}).Rules()
 		cp.Collections = make(map[string]*SinkCollection, len(s.Collections))
 		for k, v := range s.Collections {
 			c := *v

@@ -27,6 +27,7 @@ type resource struct {
 	labels     map[string]string
 	created    time.Time // zero when the source sent none
 	version    string    // as the cluster sent it (resume uses it)
+	hosts      []string  // the hosts it claims, as the ACL read them (a reload re-checks them)
 	received   *mcp.Entry
 	served     *mcp.Entry // with OriginAnnotation and a version qualified by the cluster
 }
@@ -34,9 +35,9 @@ type resource struct {
 // newResource decodes what the hub needs from an entry as received and builds the served
 // form once: the origin annotation added, the version qualified by the cluster (so a
 // winner changing between clusters always changes the version a sink sees).
-func newResource(cluster, collection string, e *mcp.Entry, r *mcpapi.Resource) (*resource, error) {
+func newResource(cluster, collection string, e *mcp.Entry, r *mcpapi.Resource, hosts []string) (*resource, error) {
 	md := r.GetMetadata()
-	res := &resource{cluster: cluster, collection: collection, name: e.Name, labels: md.GetLabels(), version: e.Version, received: e}
+	res := &resource{cluster: cluster, collection: collection, name: e.Name, labels: md.GetLabels(), version: e.Version, received: e, hosts: hosts}
 	if ns, _, ok := strings.Cut(e.Name, "/"); ok {
 		res.namespace = ns
 	}
@@ -378,4 +379,115 @@ func (s *store) counts(cluster string) map[string]int {
 		out[c] = len(held)
 	}
 	return out
+}
+
+// refusal is a stored resource a reload no longer allows.
+type refusal struct {
+	collection, name, reason string
+}
+
+// recheck removes every stored resource check refuses (a reload's new ownership) and
+// returns them by cluster. Views drop them like any removal.
+func (s *store) recheck(check func(*resource) error) map[string][]refusal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]refusal{}
+	touched := map[string]map[string]bool{}
+	for cluster, colls := range s.clusters {
+		for coll, held := range colls {
+			for name, r := range held {
+				err := check(r)
+				if err == nil {
+					continue
+				}
+				delete(held, name)
+				s.dropCandidateLocked(r)
+				if touched[coll] == nil {
+					touched[coll] = map[string]bool{}
+				}
+				touched[coll][name] = true
+				out[cluster] = append(out[cluster], refusal{collection: coll, name: name, reason: err.Error()})
+			}
+		}
+	}
+	for coll, t := range touched {
+		s.publishLocked(coll, t)
+	}
+	return out
+}
+
+// setPolicy re-orders every candidate list under p and serves the new winners.
+func (s *store) setPolicy(p ConflictPolicy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.policy = p
+	for coll, idx := range s.index {
+		touched := map[string]bool{}
+		for name, c := range idx {
+			if len(c) < 2 {
+				continue
+			}
+			before := c[0]
+			sort.SliceStable(c, func(i, j int) bool { return s.policy.less(c[i], c[j]) })
+			if c[0] != before {
+				touched[name] = true
+			}
+		}
+		s.publishLocked(coll, touched)
+	}
+}
+
+// reroute gives every open view the new definition of its rules and pushes only the
+// difference. A view whose rules no longer all exist keeps its content: its sinks are
+// routed elsewhere and closed by the caller, and the view goes with its last watch.
+func (s *store) reroute(table *routing.Table) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key, v := range s.views {
+		sub, ok := table.SubsetByKey(key)
+		if !ok {
+			continue
+		}
+		v.subset = sub
+		for _, coll := range s.collections {
+			want := map[string]*mcp.Entry{}
+			if sub.WantsCollection(coll) {
+				for n, cands := range s.index[coll] {
+					if w := cands[0]; sub.Includes(coll, w.cluster, w.namespace, w.labels) {
+						want[n] = w.served
+					}
+				}
+			}
+			var put []*mcp.Entry
+			var remove []string
+			have := map[string]bool{}
+			for _, e := range snapshotOf(v.cache, coll) {
+				have[e.Name] = true
+				if w, ok := want[e.Name]; !ok {
+					remove = append(remove, e.Name)
+				} else if w.Version != e.Version {
+					put = append(put, w)
+				}
+			}
+			for n, e := range want {
+				if !have[n] {
+					put = append(put, e)
+				}
+			}
+			if len(put) > 0 || len(remove) > 0 {
+				sort.Strings(remove)
+				v.cache.Update(coll, put, remove)
+			}
+		}
+	}
+}
+
+// snapshotOf returns a cache collection's current entries.
+func snapshotOf(c *mcp.Cache, collection string) []*mcp.Entry {
+	coll, cancel, ok := c.Watch(nil, collection, func() {})
+	defer cancel()
+	if !ok {
+		return nil
+	}
+	return coll.Snapshot().Entries
 }

@@ -196,6 +196,44 @@ func (t *Table) Select(s Sink) *Subset {
 	return sub
 }
 
+// SubsetByKey returns the Subset of the rules named by key (as Subset.Key writes it), if
+// every one of them is in the table. A reload uses it to keep a view of the same rules
+// with their new definitions.
+func (t *Table) SubsetByKey(key string) (*Subset, bool) {
+	t.mu.Lock()
+	if sub := t.subsets[key]; sub != nil {
+		t.mu.Unlock()
+		return sub, true
+	}
+	t.mu.Unlock()
+	var chosen []*rule
+	if key != "" {
+		for _, name := range strings.Split(key, ",") {
+			var found *rule
+			for _, r := range t.rules {
+				if r.name == name {
+					found = r
+				}
+			}
+			if found == nil && t.def != nil && t.def.name == name {
+				found = t.def
+			}
+			if found == nil {
+				return nil, false
+			}
+			chosen = append(chosen, found)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sub := t.subsets[key]; sub != nil {
+		return sub, true
+	}
+	sub := &Subset{key: key, rules: chosen}
+	t.subsets[key] = sub
+	return sub, true
+}
+
 // Rules returns the names of the rules in the table, sorted.
 func (t *Table) Rules() []string {
 	out := make([]string, len(t.rules))

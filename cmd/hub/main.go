@@ -29,25 +29,25 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	cfg := hub.DefaultConfig()
-	if *config != "" {
-		var err error
-		if cfg, err = hub.LoadConfig(*config); err != nil {
-			log.Error("configuration refused", "err", err)
-			os.Exit(2)
-		}
-	} else {
-		cfg.HTTP = "127.0.0.1:9990"
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *config != "" {
+		// The file is watched: valid changes apply without a restart.
+		if err := hub.RunWithReload(ctx, *config, log, reg); err != nil {
+			log.Error("hub stopped", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
+	cfg := hub.DefaultConfig()
+	cfg.HTTP = "127.0.0.1:9990"
 	h, err := hub.New(cfg, log, reg)
 	if err != nil {
 		log.Error("hub not started", "err", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := h.Run(ctx); err != nil {
 		log.Error("hub stopped", "err", err)
 		os.Exit(1)

@@ -537,3 +537,98 @@ func TestHubPollsAndDialsOut(t *testing.T) {
 		return sc.view(vs) == "pay/api@west,shop/cart@east,shop/more@east"
 	})
 }
+
+// TestHubReload: routing, ownership and restart-only changes applied to a running hub with
+// real minions and sinks.
+func TestHubReload(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, east, "shop/hijack.yaml", vsYAML("hijack", "shop", "", "api.pay.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	cfg := twoClusterConfig()
+	h := runHub(t, cfg)
+	ingest, serve, _ := h.Addrs()
+	eastSink := runSink(t, serve, "", "east-istiod", false)
+	globalSink := runSink(t, serve, "", "global-istiod", true)
+	runMinion(t, "east", east, ingest)
+	runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "converged", func() bool {
+		return globalSink.view(vs) == "pay/api@west,shop/cart@east" && eastSink.view(vs) == "shop/cart@east"
+	})
+	next := func(mut func(c *hub.Config)) *hub.Config {
+		c := twoClusterConfig()
+		c.Ingest, c.Serve, c.HTTP = cfg.Ingest, cfg.Serve, cfg.HTTP
+		mut(c)
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	pushes := func(s *sinkClient) int { s.mu.Lock(); defer s.mu.Unlock(); return s.pushes }
+
+	// A rule keeps its name and changes what it gives: its view is recomputed in place; the
+	// other sinks get nothing, and no stream is closed.
+	before := pushes(globalSink)
+	res, err := h.Reload(next(func(c *hub.Config) { c.Routing.Rules[0].Clusters = []string{"west"} }))
+	if err != nil || res.ClosedSinks != 0 || res.ClosedIngest != 0 || res.Refused != 0 {
+		t.Fatalf("routing reload: %+v, %v", res, err)
+	}
+	waitFor(t, 10*time.Second, "east-istiod's view recomputed", func() bool { return eastSink.view(vs) == "pay/api@west" })
+	if got := pushes(globalSink) - before; got != 0 {
+		t.Errorf("an unaffected sink got %d pushes", got)
+	}
+
+	// Ownership widened: east may now claim api.pay.example.com; its stream is closed, the
+	// minion resumes and resends what was refused.
+	res, err = h.Reload(next(func(c *hub.Config) {
+		c.Routing.Rules[0].Clusters = []string{"west"}
+		c.Clusters[0].Hosts = append(c.Clusters[0].Hosts, "api.pay.example.com")
+	}))
+	if err != nil || res.ClosedIngest == 0 {
+		t.Fatalf("ownership reload: %+v, %v", res, err)
+	}
+	waitFor(t, 10*time.Second, "the refused resource resent and served", func() bool {
+		return globalSink.view(vs) == "pay/api@west,shop/cart@east,shop/hijack@east"
+	})
+
+	// Ownership narrowed: west loses namespace pay; what it stored there is no longer served.
+	res, err = h.Reload(next(func(c *hub.Config) {
+		c.Routing.Rules[0].Clusters = []string{"west"}
+		c.Clusters[0].Hosts = append(c.Clusters[0].Hosts, "api.pay.example.com")
+		c.Clusters[1].Namespaces = []string{"shared"}
+	}))
+	if err != nil || res.Refused != 1 {
+		t.Fatalf("narrowing reload: %+v, %v", res, err)
+	}
+	waitFor(t, 10*time.Second, "west's pay/api withdrawn", func() bool {
+		return globalSink.view(vs) == "shop/cart@east,shop/hijack@east" && eastSink.view(vs) == ""
+	})
+
+	// A rule renamed: the sinks it selects are routed to a new view (their streams are
+	// closed, they reconnect and converge).
+	res, err = h.Reload(next(func(c *hub.Config) {
+		c.Routing.Rules[0].Clusters = []string{"west"}
+		c.Routing.Rules[1].Name = "everything"
+		c.Clusters[0].Hosts = append(c.Clusters[0].Hosts, "api.pay.example.com")
+		c.Clusters[1].Namespaces = []string{"shared"}
+	}))
+	if err != nil || res.ClosedSinks != 1 {
+		t.Fatalf("rename reload: %+v, %v", res, err)
+	}
+	var sinks []hub.SinkStatus
+	_, _, admin := h.Addrs()
+	waitFor(t, 10*time.Second, "the renamed rule's sink back", func() bool {
+		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
+		for _, s := range sinks {
+			if s.NodeID == "global-istiod" && strings.Join(s.Rules, ",") == "everything" {
+				return globalSink.view(vs) == "shop/cart@east,shop/hijack@east"
+			}
+		}
+		return false
+	})
+
+	// Fields that shape listeners need a restart: the change is refused whole.
+	if _, err := h.Reload(next(func(c *hub.Config) { c.Serve = "127.0.0.1:1" })); err == nil || !strings.Contains(err.Error(), "serve: changing it needs a restart") {
+		t.Fatalf("restart-only change: %v", err)
+	}
+}
