@@ -3,6 +3,7 @@ package hub
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/pprof"
 	"sort"
@@ -10,16 +11,27 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/routing"
 )
 
-// DryRun is what a sink with a given identity and SinkNode would receive.
+// DryRun is what a sink with a given identity and SinkNode would receive — under the
+// running configuration, or under a candidate one, with the difference from what such a
+// sink receives now.
 type DryRun struct {
-	Identity    string                       `json:"identity"`
-	NodeID      string                       `json:"nodeId"`
-	Annotations map[string]string            `json:"annotations,omitempty"`
-	Rules       []string                     `json:"rules"`
-	Resources   map[string]map[string]string `json:"resources"` // collection -> name -> served version
+	Identity    string            `json:"identity"`
+	NodeID      string            `json:"nodeId"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// Rules that select it (under the candidate configuration, if one was given).
+	Rules []string `json:"rules"`
+	// Resources it would receive: collection -> name -> served version.
+	Resources map[string]map[string]string `json:"resources"`
+	// Candidate is true when a candidate configuration was evaluated; then Added, Removed
+	// and Changed compare with what the running configuration gives it now.
+	Candidate bool                `json:"candidate"`
+	Added     map[string][]string `json:"added,omitempty"`
+	Removed   map[string][]string `json:"removed,omitempty"`
+	Changed   map[string][]string `json:"changed,omitempty"`
 }
 
 // Owners answers "who owns host X" and "what does namespace N belong to".
@@ -61,10 +73,50 @@ func (h *Hub) Sinks() []SinkStatus { return h.sinks.list() }
 // Conflicts returns every collection/name several clusters publish, with the winner.
 func (h *Hub) Conflicts() []Conflict { return h.store.conflicts() }
 
-// DryRun returns what a sink with this identity and SinkNode would receive now.
-func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string) DryRun {
-	sub := h.current().comp.routes.Select(routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations})
-	return DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Rules: sub.Rules(), Resources: h.store.served(sub)}
+// DryRun returns what a sink with this identity and SinkNode receives now, or, given a
+// candidate configuration, what it would receive under it (its routing and ownership; the
+// stored resources and the running conflict order) and how that differs from now. A
+// candidate that does not validate is an error naming the field.
+func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, candidate *Config) (DryRun, error) {
+	sink := routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations}
+	cur := h.current()
+	now := cur.comp.routes.Select(sink)
+	d := DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Rules: now.Rules(), Resources: h.store.served(now)}
+	if candidate == nil {
+		return d, nil
+	}
+	comp, err := candidate.compile()
+	if err != nil {
+		return d, err
+	}
+	sub := comp.routes.Select(sink)
+	would := h.store.servedWith(sub, func(r *resource) bool {
+		return !comp.removed(r.cluster) && comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
+	})
+	d.Candidate, d.Rules = true, sub.Rules()
+	d.Added, d.Removed, d.Changed = map[string][]string{}, map[string][]string{}, map[string][]string{}
+	for coll, names := range would {
+		for n, v := range names {
+			switch was, ok := d.Resources[coll][n]; {
+			case !ok:
+				d.Added[coll] = append(d.Added[coll], n)
+			case was != v:
+				d.Changed[coll] = append(d.Changed[coll], n)
+			}
+		}
+		for n := range d.Resources[coll] {
+			if _, ok := names[n]; !ok {
+				d.Removed[coll] = append(d.Removed[coll], n)
+			}
+		}
+	}
+	for _, m := range []map[string][]string{d.Added, d.Removed, d.Changed} {
+		for coll := range m {
+			sort.Strings(m[coll])
+		}
+	}
+	d.Resources = would
+	return d, nil
 }
 
 func (h *Hub) httpHandler() http.Handler {
@@ -103,7 +155,24 @@ func (h *Hub) httpHandler() http.Handler {
 			}
 			ann[k] = v
 		}
-		writeJSON(w, h.DryRun(q.Get("identity"), q.Get("node"), ann))
+		var candidate *Config
+		if r.Method == http.MethodPost {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			if candidate, err = ParseConfig(body); err != nil {
+				http.Error(w, "candidate configuration: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+		}
+		d, err := h.DryRun(q.Get("identity"), q.Get("node"), ann, candidate)
+		if err != nil {
+			http.Error(w, "candidate configuration: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		writeJSON(w, d)
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/debug/pprof/", pprof.Index)

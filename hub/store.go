@@ -327,6 +327,12 @@ func (s *store) watch(sub *routing.Subset) (*mcp.Cache, func()) {
 // served returns what a subset receives now, per collection: name -> served version. It
 // builds nothing (for dry runs).
 func (s *store) served(sub *routing.Subset) map[string]map[string]string {
+	return s.servedWith(sub, nil)
+}
+
+// servedWith is served where only resources allow accepts count (a candidate ownership):
+// for each name the first allowed candidate, in the current policy's order, is served.
+func (s *store) servedWith(sub *routing.Subset, allow func(*resource) bool) map[string]map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]map[string]string{}
@@ -334,8 +340,14 @@ func (s *store) served(sub *routing.Subset) map[string]map[string]string {
 		m := map[string]string{}
 		if sub.WantsCollection(coll) {
 			for n, cands := range s.index[coll] {
-				if w := cands[0]; sub.Includes(coll, w.cluster, w.namespace, w.labels) {
-					m[n] = w.served.Version
+				for _, w := range cands {
+					if allow != nil && !allow(w) {
+						continue
+					}
+					if sub.Includes(coll, w.cluster, w.namespace, w.labels) {
+						m[n] = w.served.Version
+					}
+					break
 				}
 			}
 		}

@@ -357,6 +357,36 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 		t.Errorf("dry run = %+v", dry)
 	}
 
+	// A dry run of a candidate configuration: the diff for a sink it would route elsewhere.
+	cand := twoClusterConfig()
+	cand.Routing.Rules[0].Clusters = []string{"west"}
+	body, err := json.Marshal(cand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+admin+"/api/dryrun?node=east-istiod", "application/yaml", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var cd hub.DryRun
+	if err := json.Unmarshal(raw, &cd); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	if !cd.Candidate || strings.Join(cd.Added[vs], ",") != "pay/api,shared/common" || strings.Join(cd.Removed[vs], ",") != "shop/cart" {
+		t.Errorf("candidate dry run = %s", raw)
+	}
+	resp, err = http.Post("http://"+admin+"/api/dryrun?node=x", "application/yaml", strings.NewReader("clusters: []"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "candidate configuration:") {
+		t.Errorf("invalid candidate: %d %s", resp.StatusCode, raw)
+	}
+
 	// The winner goes away: the held loser is served, with its own origin.
 	writeFile(t, west, "shared/common.yaml", "")
 	waitFor(t, 10*time.Second, "loser promoted", func() bool {
