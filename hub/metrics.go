@@ -10,6 +10,7 @@ type Metrics struct {
 	rejections     *prometheus.CounterVec
 	viewsGauge     prometheus.Gauge
 	reloads        *prometheus.CounterVec
+	conflictsGauge prometheus.Gauge
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -29,7 +30,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
 			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
 	}
-	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads)
+	m.conflictsGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "conflicts",
+		Help: "Collection/names published by more than one cluster (one served, the others held)."})
+	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge)
 	return m
 }
 
@@ -70,4 +73,11 @@ func (m *Metrics) reload(result string) {
 		return
 	}
 	m.reloads.WithLabelValues(result).Inc()
+}
+
+func (m *Metrics) conflicts(n int) {
+	if m == nil {
+		return
+	}
+	m.conflictsGauge.Set(float64(n))
 }

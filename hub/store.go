@@ -133,6 +133,8 @@ type store struct {
 	// index: collection -> name -> candidates, best first.
 	index map[string]map[string][]*resource
 	views map[string]*view // subset key -> view
+	// conflicting counts the collection/names held by more than one cluster.
+	conflicting int
 }
 
 func newStore(collections []string, policy ConflictPolicy, log *slog.Logger, m *Metrics) *store {
@@ -236,6 +238,10 @@ func (s *store) addCandidateLocked(r *resource) {
 	c := append(idx[r.name], r)
 	sort.SliceStable(c, func(i, j int) bool { return s.policy.less(c[i], c[j]) })
 	idx[r.name] = c
+	if len(c) == 2 {
+		s.conflicting++
+		s.metrics.conflicts(s.conflicting)
+	}
 }
 
 func (s *store) dropCandidateLocked(r *resource) {
@@ -251,6 +257,10 @@ func (s *store) dropCandidateLocked(r *resource) {
 		delete(idx, r.name)
 	} else {
 		idx[r.name] = c
+	}
+	if len(c) == 1 {
+		s.conflicting--
+		s.metrics.conflicts(s.conflicting)
 	}
 }
 

@@ -330,6 +330,9 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	if len(conflicts) != 1 || conflicts[0].Winner != "west" || conflicts[0].Losers[0] != "east" || conflicts[0].Why != "older create_time" {
 		t.Errorf("conflicts = %+v", conflicts)
 	}
+	if got := metric(t, h, "meshfed_hub_conflicts"); got != 1 {
+		t.Errorf("conflicts gauge = %v", got)
+	}
 	var owners hub.Owners
 	getJSON(t, "http://"+admin+"/api/owners?host=x.pay.example.com", &owners)
 	if strings.Join(owners.Clusters, ",") != "west" {
@@ -661,4 +664,20 @@ func TestHubReload(t *testing.T) {
 	if _, err := h.Reload(next(func(c *hub.Config) { c.Serve = "127.0.0.1:1" })); err == nil || !strings.Contains(err.Error(), "serve: changing it needs a restart") {
 		t.Fatalf("restart-only change: %v", err)
 	}
+}
+
+// metric returns the value of a hub gauge or counter without labels.
+func metric(t *testing.T, h *hub.Hub, name string) float64 {
+	t.Helper()
+	mfs, err := h.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			m := mf.GetMetric()[0]
+			return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return -1
 }
