@@ -1,8 +1,6 @@
 package hub
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -10,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -174,34 +171,9 @@ func parseStaleness(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// Duration is a time.Duration written as "30s". A value that does not parse is reported
+// Duration is a time.Duration written as "30s"; a value that does not parse is reported
 // by Validate with the field's name.
-type Duration struct {
-	time.Duration
-	err error
-}
-
-// UnmarshalJSON parses a Go duration string.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		d.err = fmt.Errorf("%s is not a duration string like \"30s\"", b)
-		return nil
-	}
-	v, err := time.ParseDuration(s)
-	switch {
-	case err != nil:
-		d.err = fmt.Errorf("%q is not a duration (want e.g. \"30s\")", s)
-	case v < 0:
-		d.err = fmt.Errorf("duration %q is negative", s)
-	default:
-		d.Duration, d.err = v, nil
-	}
-	return nil
-}
-
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+type Duration = ops.Duration
 
 // DefaultConfig runs on one machine: development mode, one cluster "dev" (what a minion
 // with its default configuration calls itself) owning everything, every sink receiving
@@ -230,15 +202,9 @@ func LoadConfig(path string) (*Config, error) {
 
 // ParseConfig parses and validates a configuration. Unknown fields are errors.
 func ParseConfig(data []byte) (*Config, error) {
-	js, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return nil, fmt.Errorf("not valid YAML: %v", err)
-	}
 	cfg := &Config{}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(cfg); err != nil {
-		return nil, fmt.Errorf("%v", strings.TrimPrefix(err.Error(), "json: "))
+	if err := ops.DecodeStrict(data, cfg); err != nil {
+		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -289,8 +255,8 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
 	}
-	if c.WarmUp.err != nil {
-		return nil, fmt.Errorf("warmUp: %w", c.WarmUp.err)
+	if err := c.WarmUp.Check("warmUp"); err != nil {
+		return nil, err
 	}
 	if c.WarmUp.Duration == 0 {
 		c.WarmUp.Duration = 30 * time.Second
@@ -370,8 +336,8 @@ func (c *Config) compile() (*compiled, error) {
 		}
 	}
 	for field, d := range map[string]Duration{"backoff.initial": c.Backoff.Initial, "backoff.max": c.Backoff.Max} {
-		if d.err != nil {
-			return nil, fmt.Errorf("%s: %w", field, d.err)
+		if err := d.Check(field); err != nil {
+			return nil, err
 		}
 	}
 	for i, p := range c.Conflicts.Priority {

@@ -2,11 +2,9 @@ package hub
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -23,6 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -265,26 +264,13 @@ func (h *Hub) Run(ctx context.Context) error {
 		g.Go(func() error { <-ctx.Done(); l.srv.Stop(); return nil })
 	}
 	if h.cfg.HTTP != "" {
-		lis, err := net.Listen("tcp", h.cfg.HTTP)
+		addr, err := ops.ServeHTTP(ctx, g, h.cfg.HTTP, h.httpHandler())
 		if err != nil {
 			return fmt.Errorf("http: %w", err)
 		}
 		h.mu.Lock()
-		h.httpAddr = lis.Addr().String()
+		h.httpAddr = addr
 		h.mu.Unlock()
-		srv := &http.Server{Handler: h.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error {
-			if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx)
-		})
 	}
 	g.Go(func() error { h.housekeeping(ctx); return nil })
 	h.runDialers(ctx, g)

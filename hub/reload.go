@@ -4,16 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"reflect"
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/routing"
 )
@@ -196,40 +195,21 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, reg *prom
 	return g.Wait()
 }
 
-// watchConfig reloads the file after each burst of changes to its directory (editors and
-// Kubernetes ConfigMap mounts replace files rather than write them).
+// watchConfig reloads the file after each burst of changes to its directory.
 func (h *Hub) watchConfig(ctx context.Context, path string) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	if err := w.Add(filepath.Dir(path)); err != nil {
-		return err
-	}
-	var fire <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.Events:
-			fire = time.After(100 * time.Millisecond)
-		case err := <-w.Errors:
-			h.log.Warn("config watcher error", "err", err)
-		case <-fire:
-			next, err := LoadConfig(path)
-			if err == nil && reflect.DeepEqual(next, h.current().cfg) {
-				continue
-			}
-			if err == nil {
-				_, err = h.Reload(next)
-			}
-			if err != nil {
-				h.log.Error("configuration refused; keeping the running one", "err", err)
-				h.metrics.reload("refused")
-				continue
-			}
-			h.metrics.reload("applied")
+	return ops.WatchFile(ctx, path, 100*time.Millisecond, h.log, func() {
+		next, err := LoadConfig(path)
+		if err == nil && reflect.DeepEqual(next, h.current().cfg) {
+			return
 		}
-	}
+		if err == nil {
+			_, err = h.Reload(next)
+		}
+		if err != nil {
+			h.log.Error("configuration refused; keeping the running one", "err", err)
+			h.metrics.reload("refused")
+			return
+		}
+		h.metrics.reload("applied")
+	})
 }

@@ -1,8 +1,6 @@
 package minion
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,8 +10,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/yaml"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
@@ -91,42 +89,9 @@ type BackoffConfig struct {
 	Max     Duration `json:"max,omitempty"`
 }
 
-// Duration is a time.Duration written as "10s", "5m". A value that does not parse is kept
-// as an error that Validate reports with the field's name.
-type Duration struct {
-	time.Duration
-	err error
-}
-
-// UnmarshalJSON parses a Go duration string.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		d.err = fmt.Errorf("%s is not a duration string like \"10s\"", b)
-		return nil
-	}
-	v, err := time.ParseDuration(s)
-	switch {
-	case err != nil:
-		d.err = fmt.Errorf("%q is not a duration (want e.g. \"10s\", \"5m\")", s)
-	case v < 0:
-		d.err = fmt.Errorf("duration %q is negative", s)
-	default:
-		d.Duration, d.err = v, nil
-	}
-	return nil
-}
-
-// check returns the parse error of d, naming field.
-func (d *Duration) check(field string) error {
-	if d != nil && d.err != nil {
-		return fmt.Errorf("%s: %w", field, d.err)
-	}
-	return nil
-}
-
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+// Duration is a time.Duration written as "10s", "5m"; a value that does not parse is
+// reported by Validate with the field's name.
+type Duration = ops.Duration
 
 // DefaultConfig runs on one machine: the example files, a hub on localhost.
 func DefaultConfig() *Config {
@@ -153,15 +118,9 @@ func LoadConfig(path string) (*Config, error) {
 
 // ParseConfig parses and validates a configuration.
 func ParseConfig(data []byte) (*Config, error) {
-	js, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return nil, fmt.Errorf("not valid YAML: %v", err)
-	}
 	cfg := &Config{HTTP: "127.0.0.1:9902"}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(cfg); err != nil {
-		return nil, fmt.Errorf("%v", strings.TrimPrefix(err.Error(), "json: "))
+	if err := ops.DecodeStrict(data, cfg); err != nil {
+		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -183,7 +142,7 @@ func (c *Config) Validate() error {
 				return fmt.Errorf("sources[%d].labelSelector: %v", i, err)
 			}
 		}
-		if err := s.Resync.check(fmt.Sprintf("sources[%d].resync", i)); err != nil {
+		if err := s.Resync.Check(fmt.Sprintf("sources[%d].resync", i)); err != nil {
 			return err
 		}
 		if (len(s.Namespaces) > 0 || s.LabelSelector != "" || s.Resync != nil) && !strings.HasPrefix(s.URL, "k8s:") {
@@ -225,10 +184,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("maxMessageSize: %d is negative", c.MaxMessageSize)
 	}
 	b := &c.Destinations.Backoff
-	if err := b.Initial.check("destinations.backoff.initial"); err != nil {
+	if err := b.Initial.Check("destinations.backoff.initial"); err != nil {
 		return err
 	}
-	if err := b.Max.check("destinations.backoff.max"); err != nil {
+	if err := b.Max.Check("destinations.backoff.max"); err != nil {
 		return err
 	}
 	if b.Initial.Duration == 0 {

@@ -3,19 +3,16 @@ package minion
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
@@ -25,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
@@ -248,26 +246,13 @@ func (m *Minion) onAttemptEnd(addr string, _ error) {
 func (m *Minion) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if m.cfg.HTTP != "" {
-		lis, err := net.Listen("tcp", m.cfg.HTTP)
+		addr, err := ops.ServeHTTP(ctx, g, m.cfg.HTTP, m.httpHandler())
 		if err != nil {
 			return fmt.Errorf("http: %w", err)
 		}
 		m.mu.Lock()
-		m.httpAddr = lis.Addr().String()
+		m.httpAddr = addr
 		m.mu.Unlock()
-		srv := &http.Server{Handler: m.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error {
-			if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx)
-		})
 	}
 	for _, s := range m.sources {
 		g.Go(func() error { return s.Run(ctx) })
@@ -403,11 +388,7 @@ func (m *Minion) httpHandler() http.Handler {
 		_ = enc.Encode(m.Status())
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	ops.AddPprof(mux)
 	return mux
 }
 
@@ -478,40 +459,20 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 
 // watchConfig sends each valid new version of the file on changes; invalid ones are logged.
 func watchConfig(ctx context.Context, path string, current *Config, log *slog.Logger, tel *Telemetry, changes chan<- *Config) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	// Watch the directory: editors and Kubernetes ConfigMap mounts replace the file.
-	if err := w.Add(filepath.Dir(path)); err != nil {
-		return err
-	}
-	var fire <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.Events:
-			fire = time.After(DefaultDebounce)
-		case err := <-w.Errors:
-			log.Warn("config watcher error", "err", err)
-		case <-fire:
-			cfg, err := LoadConfig(path)
-			if err != nil {
-				log.Error("configuration refused; keeping the running one", "err", err)
-				tel.Metrics.reload("refused")
-				continue
-			}
-			if reflect.DeepEqual(cfg, current) {
-				continue
-			}
-			current = cfg
-			select {
-			case changes <- cfg:
-			case <-ctx.Done():
-				return nil
-			}
+	return ops.WatchFile(ctx, path, DefaultDebounce, log, func() {
+		cfg, err := LoadConfig(path)
+		if err != nil {
+			log.Error("configuration refused; keeping the running one", "err", err)
+			tel.Metrics.reload("refused")
+			return
 		}
-	}
+		if reflect.DeepEqual(cfg, current) {
+			return
+		}
+		current = cfg
+		select {
+		case changes <- cfg:
+		case <-ctx.Done():
+		}
+	})
 }

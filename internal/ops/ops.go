@@ -1,0 +1,139 @@
+// Package ops holds what the hub and the minion share as programs, not as protocol: the
+// duration type of their YAML files and strict YAML decoding, the HTTP server of their
+// operational endpoints (with pprof), and the watch of their configuration file.
+//
+// It knows nothing of MCP, clusters or sinks.
+package ops
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sync/errgroup"
+	"sigs.k8s.io/yaml"
+)
+
+// Duration is a time.Duration written as "10s" or "5m" in a configuration file. A value
+// that does not parse is kept as an error that Check reports with the field's name, so the
+// error names the field rather than only the value.
+type Duration struct {
+	time.Duration
+	err error
+}
+
+// D returns a Duration of d.
+func D(d time.Duration) Duration { return Duration{Duration: d} }
+
+// UnmarshalJSON parses a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		d.err = fmt.Errorf("%s is not a duration string like \"10s\"", b)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		d.err = fmt.Errorf("%q is not a duration (want e.g. \"10s\", \"5m\")", s)
+	case v < 0:
+		d.err = fmt.Errorf("duration %q is negative", s)
+	default:
+		d.Duration, d.err = v, nil
+	}
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// Check returns the parse error of d, naming field.
+func (d *Duration) Check(field string) error {
+	if d != nil && d.err != nil {
+		return fmt.Errorf("%s: %w", field, d.err)
+	}
+	return nil
+}
+
+// DecodeStrict decodes YAML (or JSON) into v: duplicate keys and unknown fields are errors.
+func DecodeStrict(data []byte, v any) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return fmt.Errorf("not valid YAML: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return nil
+}
+
+// AddPprof registers the pprof handlers under /debug/pprof/.
+func AddPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+// ServeHTTP listens on addr and serves h in g until ctx ends (then shuts down, giving
+// requests 5 s). It returns the bound address.
+func ServeHTTP(ctx context.Context, g *errgroup.Group, addr string, h http.Handler) (string, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error {
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	return lis.Addr().String(), nil
+}
+
+// WatchFile calls changed after every burst of changes (settled for debounce) in path's
+// directory — editors and Kubernetes ConfigMap mounts replace files rather than write them —
+// until ctx ends.
+func WatchFile(ctx context.Context, path string, debounce time.Duration, log *slog.Logger, changed func()) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(path)); err != nil {
+		return err
+	}
+	var fire <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.Events:
+			fire = time.After(debounce)
+		case err := <-w.Errors:
+			log.Warn("config watcher error", "err", err)
+		case <-fire:
+			changed()
+		}
+	}
+}
