@@ -39,86 +39,85 @@ type SinkCollection struct {
 	LastPush      time.Time `json:"lastPush"`
 }
 
-// sinkRegistry follows the hub's MCP sink streams through the engine's hooks.
+// sinkRegistry follows the hub's MCP sink streams through the engine's hooks. The hooks run
+// on every push and ACK of every stream: a lock-free map from stream to its entry, and a
+// lock per entry, keep them from contending with each other.
 type sinkRegistry struct {
-	h *Hub
-
-	mu    sync.Mutex // guards sinks
-	sinks map[uint64]*SinkStatus
+	h     *Hub
+	sinks sync.Map // *mcp.StreamInfo -> *sinkEntry
 }
 
-func newSinkRegistry(h *Hub) *sinkRegistry {
-	return &sinkRegistry{h: h, sinks: map[uint64]*SinkStatus{}}
+type sinkEntry struct {
+	mu sync.Mutex // guards st
+	st SinkStatus
 }
+
+func newSinkRegistry(h *Hub) *sinkRegistry { return &sinkRegistry{h: h} }
 
 func (r *sinkRegistry) hooks() mcp.Hooks {
 	return mcp.Hooks{
 		StreamOpened: func(i *mcp.StreamInfo) {
-			r.mu.Lock()
-			r.sinks[i.ID] = &SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Identity: i.Identity, Since: r.h.now(),
-				Collections: map[string]*SinkCollection{}, info: i}
-			r.mu.Unlock()
+			r.sinks.Store(i, &sinkEntry{st: SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Identity: i.Identity,
+				Since: r.h.now(), Collections: map[string]*SinkCollection{}, info: i}})
 		},
-		StreamClosed: func(i *mcp.StreamInfo, _ error) {
-			r.mu.Lock()
-			delete(r.sinks, i.ID)
-			r.mu.Unlock()
-		},
+		StreamClosed: func(i *mcp.StreamInfo, _ error) { r.sinks.Delete(i) },
 		Pushed: func(i *mcp.StreamInfo, e mcp.PushEvent) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			if c := r.collLocked(i, e.Collection); c != nil {
-				c.PushedVersion, c.Pending, c.LastPush = e.Version, true, r.h.now()
+			r.update(i, e.Collection, func(c *SinkCollection) {
+				c.PushedVersion, c.Pending, c.LastPush = e.Version, true, time.Now()
 				if !e.Incremental {
 					c.Resources = e.Resources
 				}
-			}
+			})
 		},
 		Acked: func(i *mcp.StreamInfo, e mcp.AckEvent) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			if c := r.collLocked(i, e.Collection); c != nil {
+			r.update(i, e.Collection, func(c *SinkCollection) {
 				c.Pending = false
 				if e.Code == codes.OK {
 					c.AckedVersion = e.Version
 				} else {
 					c.LastNACK, c.NACKedVersion = e.Code.String()+": "+e.Message, e.Version
 				}
-			}
+			})
 		},
 	}
 }
 
-func (r *sinkRegistry) collLocked(i *mcp.StreamInfo, coll string) *SinkCollection {
-	s := r.sinks[i.ID]
-	if s == nil {
-		return nil
+func (r *sinkRegistry) update(i *mcp.StreamInfo, coll string, f func(*SinkCollection)) {
+	v, ok := r.sinks.Load(i)
+	if !ok {
+		return
 	}
-	c := s.Collections[coll]
+	e := v.(*sinkEntry)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := e.st.Collections[coll]
 	if c == nil {
 		c = &SinkCollection{}
-		s.Collections[coll] = c
+		e.st.Collections[coll] = c
 	}
-	return c
+	f(c)
 }
 
 // list returns the connected sinks, by stream.
 func (r *sinkRegistry) list() []SinkStatus {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]SinkStatus, 0, len(r.sinks))
-	for _, s := range r.sinks {
-		cp := *s
-		n := s.info.Node()
-		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
-		cp.Rules = r.h.current().comp.routes.Select(routing.Sink{Identity: s.Identity, NodeID: cp.NodeID, Annotations: cp.Annotations}).Rules()
-		cp.Collections = make(map[string]*SinkCollection, len(s.Collections))
-		for k, v := range s.Collections {
-			c := *v
+	routes := r.h.current().comp.routes
+	var out []SinkStatus
+	r.sinks.Range(func(_, v any) bool {
+		e := v.(*sinkEntry)
+		e.mu.Lock()
+		cp := e.st
+		cp.Collections = make(map[string]*SinkCollection, len(e.st.Collections))
+		for k, c := range e.st.Collections {
+			c := *c
 			cp.Collections[k] = &c
 		}
+		e.mu.Unlock()
+		n := cp.info.Node()
+		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
+		cp.Rules = routes.Select(routing.Sink{Identity: cp.Identity, NodeID: cp.NodeID, Annotations: cp.Annotations}).Rules()
 		out = append(out, cp)
-	}
+		return true
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
 	return out
 }

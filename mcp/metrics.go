@@ -19,6 +19,9 @@ type Metrics struct {
 	ackLatency      *prometheus.HistogramVec
 	ignoredReqs     *prometheus.CounterVec
 	pushErrors      *prometheus.CounterVec
+
+	// received bytes per role, bound once: every request and push adds to them.
+	recvSource, recvSink prometheus.Counter
 }
 
 // NewMetrics creates the engine's metrics and registers them with reg.
@@ -48,6 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Pushes or resources that could not be sent, by collection and reason."}, []string{"collection", "reason"}),
 	}
 	reg.MustRegister(m.streamsOpen, m.streamsTotal, m.streamsRejected, m.pushes, m.acks, m.nacks, m.bytes, m.ackLatency, m.ignoredReqs, m.pushErrors)
+	m.recvSource, m.recvSink = m.bytes.WithLabelValues("source", "received"), m.bytes.WithLabelValues("sink", "received")
 	return m
 }
 
@@ -104,7 +108,14 @@ func (m *Metrics) addBytesReceived(role string, n int) {
 	if m == nil {
 		return
 	}
-	m.bytes.WithLabelValues(role, "received").Add(float64(n))
+	switch role {
+	case "source":
+		m.recvSource.Add(float64(n))
+	case "sink":
+		m.recvSink.Add(float64(n))
+	default:
+		m.bytes.WithLabelValues(role, "received").Add(float64(n))
+	}
 }
 
 func (m *Metrics) ignored(reason string) {

@@ -62,7 +62,7 @@ func hubTable(sinks, stored []int, resources, size int) {
 	for _, n := range sinks {
 		changes := 50
 		if n >= 10000 {
-			changes = 10
+			changes = 30
 		}
 		cfg := bench.FanoutConfig{Streams: n, Resources: resources, Changes: changes, Incremental: true, ResourceBytes: size}
 		base, err := bench.BaselineFanout(cfg)
