@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -117,7 +118,10 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 		log.Debug("stream closed", logError, err)
 	}()
 
-	reqs := make(chan *mcppb.RequestResources)
+	// Requests are handled on the receiving goroutine, under ss.mu, and a push they make
+	// possible (an ACK while changes were coalescing) goes out from there too: an ACK costs
+	// no hand-off to another goroutine. Store notifications wake this goroutine, which
+	// pushes under the same lock, so sends stay serialized.
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -126,11 +130,18 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 				recvErr <- err
 				return
 			}
-			select {
-			case reqs <- req:
-			case <-ctx.Done():
+			m.addBytesReceived("source", proto.Size(req))
+			ss.mu.Lock()
+			err := ss.handle(req)
+			if err == nil {
+				err = ss.pushReady()
+			}
+			ss.mu.Unlock()
+			if err != nil && !errors.Is(err, io.EOF) {
+				recvErr <- err
 				return
 			}
+			// A send that failed with io.EOF: the next receive returns the real reason.
 		}
 	}()
 
@@ -143,30 +154,32 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 				return nil
 			}
 			return err
-		case req := <-reqs:
-			m.addBytesReceived("source", proto.Size(req))
-			if err := ss.handle(req); err != nil {
-				return streamEnd(ctx, err, recvErr)
-			}
 		case <-ss.wake:
 		}
-		if err := ss.pushReady(); err != nil {
+		ss.mu.Lock()
+		err := ss.pushReady()
+		ss.mu.Unlock()
+		if err != nil {
 			return streamEnd(ctx, err, recvErr)
 		}
 	}
 }
 
-// sourceStream is the state of one stream in the source role. It is owned by the Serve
-// goroutine; only the dirty flags and wake channel are touched by other goroutines.
+// sourceStream is the state of one stream in the source role. Its two goroutines (receive
+// and serve) share it under mu, which is also held while sending so that sends are
+// serialized; store notifications touch only the dirty flags and the wake channel.
 type sourceStream struct {
-	src   *Source
-	st    MsgStream
-	info  *StreamInfo
-	log   *slog.Logger
-	colls map[string]*sourceCollection
-	order []string // collection names, sorted, for deterministic push order
-	wake  chan struct{}
-	nonce uint64
+	src  *Source
+	st   MsgStream
+	info *StreamInfo
+	log  *slog.Logger
+	wake chan struct{}
+
+	mu     sync.Mutex // guards the following fields and every sourceCollection's state
+	colls  map[string]*sourceCollection
+	order  []string // collection names, sorted, for deterministic push order
+	nonce  uint64
+	closed bool // the watches are cancelled: no new subscription
 }
 
 // sourceCollection is one subscribed collection of a stream.
@@ -201,6 +214,9 @@ type pendingPush struct {
 }
 
 func (ss *sourceStream) closeWatches() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.closed = true
 	for _, c := range ss.colls {
 		c.cancel()
 	}
@@ -221,6 +237,9 @@ func (ss *sourceStream) handle(req *mcppb.RequestResources) error {
 	}
 	ss.info.setNodeOnce(req.GetSinkNode())
 	c := ss.colls[name]
+	if c == nil && ss.closed {
+		return nil // the stream is ending
+	}
 	if c == nil {
 		// A new subscription. Its nonce, if any, belongs to an earlier stream (istiod sends one).
 		if len(ss.colls) >= ss.src.opts.MaxCollections {
@@ -328,6 +347,9 @@ func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error
 // pushReady pushes every collection that has no outstanding push and whose state the sink
 // does not hold yet. A send error ends the stream.
 func (ss *sourceStream) pushReady() error {
+	if ss.closed {
+		return nil
+	}
 	for _, name := range ss.order {
 		c := ss.colls[name]
 		if c.pending != nil || !c.dirty.Load() {
