@@ -15,6 +15,16 @@ import (
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
+// ClusterIdentity is the SPIFFE ID of a cluster's minion in a trust domain.
+func ClusterIdentity(trustDomain, cluster string) string {
+	return "spiffe://" + trustDomain + "/cluster/" + cluster
+}
+
+// SinkIdentity is the SPIFFE ID of a sink in a trust domain.
+func SinkIdentity(trustDomain, sink string) string {
+	return "spiffe://" + trustDomain + "/sink/" + sink
+}
+
 // DevIdentityHeader carries a peer's claimed identity in development mode (no TLS). The
 // minion sends its cluster name in it when it runs without TLS.
 const DevIdentityHeader = "x-meshfed-dev-identity"
@@ -37,6 +47,12 @@ type Config struct {
 	// header, which anyone can set: for a laptop, never for production. Logged loudly.
 	DevMode bool `json:"devMode,omitempty"`
 
+	// TrustDomain, when set, is the SPIFFE trust domain of the mesh's identities: minions
+	// are spiffe://<trustDomain>/cluster/<name>, sinks spiffe://<trustDomain>/sink/<name>.
+	// A cluster without identities gets its SPIFFE ID; a certificate of the wrong kind (a
+	// sink's pushing, a cluster's subscribing) is refused; a sink whose SinkNode id differs
+	// from its certificate's name is routed by the certificate.
+	TrustDomain string `json:"trustDomain,omitempty"`
 	// Clusters that may publish, each with its identities and what it owns.
 	Clusters []ClusterConfig `json:"clusters"`
 	// SharedNamespaces are namespace patterns several clusters may own at once; outside
@@ -304,10 +320,18 @@ func (c *Config) compile() (*compiled, error) {
 		}
 		names[cl.Name] = true
 		out.clusters[cl.Name] = true
-		if len(cl.Identities) == 0 {
-			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required", field, cl.Name)
+		ids := cl.Identities
+		if len(ids) == 0 && c.TrustDomain != "" {
+			ids = []string{ClusterIdentity(c.TrustDomain, cl.Name)}
 		}
-		for j, id := range cl.Identities {
+		if len(ids) == 0 {
+			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
+		}
+		for j, id := range ids {
+			if c.TrustDomain != "" && !strings.HasPrefix(id, "spiffe://"+c.TrustDomain+"/cluster/") {
+				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
+					field, cl.Name, j, id, c.TrustDomain, c.TrustDomain)
+			}
 			if other, dup := out.identity[id]; dup || id == "" {
 				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)
 			}
@@ -339,6 +363,9 @@ func (c *Config) compile() (*compiled, error) {
 		if err := d.Check(field); err != nil {
 			return nil, err
 		}
+	}
+	if td := c.TrustDomain; td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
+		return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain (lower case, no scheme or path)", td)
 	}
 	for i, p := range c.Conflicts.Priority {
 		if !names[p] {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,7 +85,10 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 		if err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
-		h.creds = credentials.NewTLS(ts.ServerConfig())
+		h.creds = credentials.NewTLS(ts.ServerConfigWith(func(reason string, err error) {
+			h.metrics.tlsRejected(reason)
+			h.log.Warn("TLS handshake refused", "reason", reason, "err", err)
+		}))
 		h.dialCred = credentials.NewTLS(ts.ClientConfig(""))
 	} else {
 		h.dialCred = insecure.NewCredentials()
@@ -184,7 +188,14 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 		left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
 		return "", status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
 	}
-	return peerIdentity(ctx, h.cfg.DevMode)
+	id, err := peerIdentity(ctx, h.cfg.DevMode)
+	if err != nil {
+		return "", err
+	}
+	if td := h.current().cfg.TrustDomain; td != "" && !h.cfg.DevMode && !strings.HasPrefix(id, "spiffe://"+td+"/sink/") {
+		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a sink identity (spiffe://%s/sink/NAME): only sinks may subscribe", id, td)
+	}
+	return id, nil
 }
 
 // resolveTypeURL maps istiod's MCP-over-xDS type URLs (group/version/Kind) to the served
@@ -209,7 +220,19 @@ type router struct{ h *Hub }
 // Watch implements mcp.Watcher.
 func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
 	node := info.Node()
-	sub := r.h.current().comp.routes.Select(routing.Sink{Identity: info.Identity, NodeID: node.GetId(), Annotations: node.GetAnnotations()})
+	cur := r.h.current()
+	nodeID := node.GetId()
+	if td := cur.cfg.TrustDomain; td != "" && !r.h.cfg.DevMode {
+		// The certificate names the sink; a SinkNode id that says otherwise is not believed.
+		if name := strings.TrimPrefix(info.Identity, "spiffe://"+td+"/sink/"); name != nodeID {
+			if nodeID != "" {
+				r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
+					"identity", info.Identity, "node_id", nodeID, "collection", collection)
+			}
+			nodeID = name
+		}
+	}
+	sub := cur.comp.routes.Select(routing.Sink{Identity: info.Identity, NodeID: nodeID, Annotations: node.GetAnnotations()})
 	cache, release := r.h.store.watch(sub)
 	coll, cancel, ok := cache.Watch(info, collection, notify)
 	untrack := r.h.watchers.track(info, sub.Key())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -106,8 +107,10 @@ func peerIdentity(ctx context.Context, devMode bool) (string, error) {
 	if !ok {
 		return "", status.Error(codes.Unauthenticated, "no peer information")
 	}
+	// The listener's TLS configuration (meshtls) refuses any handshake whose client
+	// certificate does not verify against the bundle, so a certificate here is verified.
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
+	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return "", status.Error(codes.Unauthenticated, "no verified client certificate")
 	}
 	leaf := ti.State.PeerCertificates[0]
@@ -127,7 +130,11 @@ func (h *Hub) authenticateCluster(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if _, ok := h.current().comp.identity[id]; !ok {
+	cur := h.current()
+	if td := cur.cfg.TrustDomain; td != "" && !h.cfg.DevMode && !strings.HasPrefix(id, "spiffe://"+td+"/cluster/") {
+		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a cluster identity (spiffe://%s/cluster/NAME): only minions may push", id, td)
+	}
+	if _, ok := cur.comp.identity[id]; !ok {
 		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", id)
 	}
 	if h.cfg.DevMode {

@@ -11,6 +11,7 @@ type Metrics struct {
 	viewsGauge     prometheus.Gauge
 	reloads        *prometheus.CounterVec
 	conflictsGauge prometheus.Gauge
+	tlsRejections  *prometheus.CounterVec
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -32,7 +33,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.conflictsGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "conflicts",
 		Help: "Collection/names published by more than one cluster (one served, the others held)."})
-	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge)
+	m.tlsRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_rejections_total",
+		Help: "TLS handshakes refused, by reason (no_certificate, unknown_authority, expired, not_yet_valid, invalid)."}, []string{"reason"})
+	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
 	return m
 }
 
@@ -80,4 +83,11 @@ func (m *Metrics) conflicts(n int) {
 		return
 	}
 	m.conflictsGauge.Set(float64(n))
+}
+
+func (m *Metrics) tlsRejected(reason string) {
+	if m == nil {
+		return
+	}
+	m.tlsRejections.WithLabelValues(reason).Inc()
 }

@@ -129,7 +129,27 @@ func (s *Source) ClientConfig(serverName string) *tls.Config {
 
 // ServerConfig returns a configuration for serving: it presents the current certificate and
 // requires a client certificate that chains to the current bundle.
-func (s *Source) ServerConfig() *tls.Config {
+func (s *Source) ServerConfig() *tls.Config { return s.ServerConfigWith(nil) }
+
+// Rejection reasons a server reports for client certificates it refuses.
+const (
+	RejectNoCertificate    = "no_certificate"
+	RejectUnknownAuthority = "unknown_authority"
+	RejectExpired          = "expired"
+	RejectNotYetValid      = "not_yet_valid"
+	RejectInvalid          = "invalid"
+)
+
+// ServerConfigWith is ServerConfig that tells onReject (if not nil) why each refused client
+// certificate was refused (one of the Reject* reasons) and the error the handshake fails
+// with, for metrics and logs.
+func (s *Source) ServerConfigWith(onReject func(reason string, err error)) *tls.Config {
+	reject := func(reason string, err error) error {
+		if onReject != nil {
+			onReject(reason, err)
+		}
+		return err
+	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
@@ -137,11 +157,35 @@ func (s *Source) ServerConfig() *tls.Config {
 			return &tls.Config{
 				MinVersion:   tls.VersionTLS12,
 				Certificates: []tls.Certificate{*cert},
-				ClientAuth:   tls.RequireAndVerifyClientCert,
-				ClientCAs:    pool,
+				// Verified below, against the bundle of this handshake, so that each refusal
+				// is classified: a missing certificate too.
+				ClientAuth: tls.RequestClientCert,
+				VerifyConnection: func(cs tls.ConnectionState) error {
+					if len(cs.PeerCertificates) == 0 {
+						return reject(RejectNoCertificate, errors.New("tls: a client certificate is required"))
+					}
+					if err := verify(cs.PeerCertificates, pool, "", x509.ExtKeyUsageClientAuth); err != nil {
+						return reject(classify(cs.PeerCertificates[0], s.now(), err), err)
+					}
+					return nil
+				},
 			}, nil
 		},
 	}
+}
+
+// classify names why leaf did not verify.
+func classify(leaf *x509.Certificate, now time.Time, err error) string {
+	var ua x509.UnknownAuthorityError
+	switch {
+	case now.After(leaf.NotAfter):
+		return RejectExpired
+	case now.Before(leaf.NotBefore):
+		return RejectNotYetValid
+	case errors.As(err, &ua):
+		return RejectUnknownAuthority
+	}
+	return RejectInvalid
 }
 
 func verify(chain []*x509.Certificate, pool *x509.CertPool, name string, usage x509.ExtKeyUsage) error {

@@ -72,13 +72,20 @@ func WriteBundle(t TB, path string, cas ...*CA) {
 // for both server and client authentication.
 func (c *CA) Issue(t TB, dir, prefix string, names ...string) (certFile, keyFile string, serialNo int64) {
 	t.Helper()
+	return c.IssueValid(t, dir, prefix, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names...)
+}
+
+// IssueValid is Issue with an explicit validity period (for expired and not-yet-valid
+// certificates).
+func (c *CA) IssueValid(t TB, dir, prefix string, notBefore, notAfter time.Time, names ...string) (certFile, keyFile string, serialNo int64) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	serialNo = serial.Add(1)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serialNo), Subject: pkix.Name{CommonName: prefix},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		NotBefore: notBefore, NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
 	for _, n := range names {
 		if ip := net.ParseIP(n); ip != nil {

@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	"github.com/meshfed/meshfed/minion"
+	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
+	"github.com/meshfed/meshfed/tls/tlstest"
+)
+
+const td = "mesh.test"
+
+// pki is a test mesh PKI: one CA and a bundle file.
+type pki struct {
+	dir    string
+	ca     *tlstest.CA
+	bundle string
+}
+
+func newPKI(t *testing.T) *pki {
+	p := &pki{dir: t.TempDir(), ca: tlstest.NewCA(t, "mesh-ca")}
+	p.bundle = filepath.Join(p.dir, "ca.crt")
+	tlstest.WriteBundle(t, p.bundle, p.ca)
+	return p
+}
+
+func (p *pki) creds(t *testing.T, prefix string, names ...string) credentials.TransportCredentials {
+	c, k, _ := p.ca.Issue(t, p.dir, prefix, names...)
+	return credsFrom(t, c, k, p.bundle)
+}
+
+func credsFrom(t *testing.T, cert, key, bundle string) credentials.TransportCredentials {
+	src, err := meshtls.NewSource(meshtls.Files{Cert: cert, Key: key, CA: bundle}, logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return credentials.NewTLS(src.ClientConfig(""))
+}
+
+// openStream opens one stream to a hub service with creds and returns how it ended.
+func openStream(t *testing.T, addr string, creds credentials.TransportCredentials, sink bool) error {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if sink {
+		st, err := mcppb.NewResourceSourceClient(conn).EstablishResourceStream(ctx)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		return err
+	}
+	st, err := mcppb.NewResourceSinkClient(conn).EstablishResourceStream(ctx)
+	if err == nil {
+		if err = st.Send(&mcppb.Resources{Collection: vs, Nonce: "1"}); err == nil {
+			_, err = st.Recv()
+		}
+	}
+	return err
+}
+
+func tlsMinion(t *testing.T, p *pki, cluster, root, ingest string) func() {
+	t.Helper()
+	c, k, _ := p.ca.Issue(t, p.dir, "minion-"+cluster, hub.ClusterIdentity(td, cluster))
+	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: "fs://" + root}}, Collections: []string{vs, dr},
+		TLS:          &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: p.bundle},
+		Destinations: minion.DestinationsConfig{Push: []string{"push://" + ingest}, Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := minion.New(cfg, logger(t).With("side", "minion-"+cluster), minion.NewTelemetry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	stop := func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestTLSRefusals: the refusal matrix over real mutual TLS. Each refusal has a clear error
+// and a metric and leaves the store as it was.
+func TestTLSRefusals(t *testing.T) {
+	p := newPKI(t)
+	hc, hk, _ := p.ca.Issue(t, p.dir, "hub", "127.0.0.1", "spiffe://"+td+"/hub/h1")
+	cfg := &hub.Config{
+		TLS:         &hub.TLSConfig{CertFile: hc, KeyFile: hk, CAFile: p.bundle},
+		TrustDomain: td,
+		Clusters: []hub.ClusterConfig{
+			{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*.shop.example.com"}},
+			{Name: "west", Namespaces: []string{"pay"}, Hosts: []string{"*.pay.example.com"}},
+		},
+		Collections: []string{vs, dr},
+		WarmUp:      hub.Duration{Duration: time.Minute},
+		Routing:     routing.Config{Rules: []routing.Rule{{Name: "prod", Identities: []string{hub.SinkIdentity(td, "prod-*")}, Collections: []string{vs}}}},
+	}
+	h := runHub(t, cfg)
+	ingest, serve, admin := h.Addrs()
+
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, east, "shop/hijack.yaml", vsYAML("hijack", "shop", "", "api.pay.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "east", east, ingest)
+	tlsMinion(t, p, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready over mutual TLS", h.Ready)
+
+	sink := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	sinkCreds := p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1"))
+	s, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sink, Logger: logger(t),
+		Node: &mcppb.SinkNode{Id: "someone-else"}}) // disagrees with the certificate: routed by the certificate
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(sinkCreds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, scancel := context.WithCancel(context.Background())
+	sdone := make(chan struct{})
+	go func() {
+		defer close(sdone)
+		for sctx.Err() == nil {
+			_ = s.PullFrom(sctx, conn)
+			select {
+			case <-sctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { scancel(); <-sdone }()
+	waitFor(t, 10*time.Second, "the sink's subset", func() bool { return sink.view(vs) == "pay/api@west,shop/cart@east" })
+	// A collection its rules do not give: answered, empty.
+	if got := sink.view(dr); got != "" {
+		t.Errorf("destinationrules = %q, want the empty state", got)
+	}
+
+	counts := func() string {
+		var cl []hub.ClusterStatus
+		getJSON(t, "http://"+admin+"/api/clusters", &cl)
+		return fmt.Sprint(cl[0].Resources, cl[1].Resources)
+	}
+	before := counts()
+	rejected := func(reason string) float64 {
+		mfs, err := h.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "meshfed_hub_tls_rejections_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+
+	// Handshake refusals.
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca.Cert)
+	noCert := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	other := tlstest.NewCA(t, "other-ca")
+	oc, ok, _ := other.Issue(t, p.dir, "intruder", hub.ClusterIdentity(td, "east"))
+	ec, ek, _ := p.ca.IssueValid(t, p.dir, "expired", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), hub.ClusterIdentity(td, "east"))
+	fc, fk, _ := p.ca.IssueValid(t, p.dir, "future", time.Now().Add(24*time.Hour), time.Now().Add(48*time.Hour), hub.ClusterIdentity(td, "east"))
+	for _, tc := range []struct {
+		name, reason string
+		creds        credentials.TransportCredentials
+	}{
+		{"no client certificate", meshtls.RejectNoCertificate, noCert},
+		{"certificate from another CA", meshtls.RejectUnknownAuthority, credsFrom(t, oc, ok, p.bundle)},
+		{"expired certificate", meshtls.RejectExpired, credsFrom(t, ec, ek, p.bundle)},
+		{"certificate not yet valid", meshtls.RejectNotYetValid, credsFrom(t, fc, fk, p.bundle)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := rejected(tc.reason)
+			err := openStream(t, ingest, tc.creds, false)
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("err = %v, want the handshake refused (Unavailable)", err)
+			}
+			waitFor(t, 5*time.Second, "metric "+tc.reason, func() bool { return rejected(tc.reason) > n })
+		})
+	}
+
+	// The wrong kind of identity, on each listener.
+	if err := openStream(t, ingest, p.creds(t, "sink-as-cluster", hub.SinkIdentity(td, "prod-2")), false); status.Code(err) != codes.PermissionDenied ||
+		!strings.Contains(err.Error(), "is not a cluster identity") {
+		t.Errorf("a sink certificate pushing: %v", err)
+	}
+	if err := openStream(t, serve, p.creds(t, "cluster-as-sink", hub.ClusterIdentity(td, "east")), true); status.Code(err) != codes.PermissionDenied ||
+		!strings.Contains(err.Error(), "is not a sink identity") {
+		t.Errorf("a cluster certificate subscribing: %v", err)
+	}
+	// A known cluster publishing a host it does not own: refused, not stored.
+	var cl []hub.ClusterStatus
+	getJSON(t, "http://"+admin+"/api/clusters", &cl)
+	if !strings.Contains(cl[0].Rejections[vs]["shop/hijack"], `host "api.pay.example.com" is not owned by cluster "east"`) {
+		t.Errorf("east's rejections: %v", cl[0].Rejections)
+	}
+	if after := counts(); after != before {
+		t.Errorf("refusals changed the store: %s -> %s", before, after)
+	}
+
+	// Revoked: west removed from the configuration while connected. Its stream is closed,
+	// its reconnects are refused, and its resources stop being served.
+	next := *cfg
+	next.Clusters = cfg.Clusters[:1]
+	res, err := h.Reload(&next)
+	if err != nil || res.ClosedIngest != 1 {
+		t.Fatalf("revoking west: %+v, %v", res, err)
+	}
+	waitFor(t, 10*time.Second, "west withdrawn from the sink", func() bool { return sink.view(vs) == "shop/cart@east" })
+	waitFor(t, 10*time.Second, "west disconnected", func() bool {
+		getJSON(t, "http://"+admin+"/api/clusters", &cl)
+		for _, c := range cl {
+			if c.Name == "west" {
+				return !c.Connected
+			}
+		}
+		return true
+	})
+}
