@@ -41,6 +41,69 @@ type Owners struct {
 	Clusters  []string `json:"clusters"`
 }
 
+// Why explains one resource: who publishes it, which one is served and why, who was
+// refused and why, and which connected sinks receive it.
+type Why struct {
+	Collection string      `json:"collection"`
+	Name       string      `json:"name"`
+	Served     *Candidate  `json:"served"`
+	Candidates []Candidate `json:"candidates"`
+	Conflict   string      `json:"conflict,omitempty"` // why the served one wins, when several publish it
+	Rejected   []Refused   `json:"rejected"`
+	Sinks      []WhySink   `json:"sinks"`
+}
+
+// Refused is one cluster's refused version of a resource.
+type Refused struct {
+	Cluster string `json:"cluster"`
+	Reason  string `json:"reason"`
+}
+
+// WhySink is a connected sink whose rules give it the resource.
+type WhySink struct {
+	Stream   uint64   `json:"stream"`
+	Identity string   `json:"identity"`
+	NodeID   string   `json:"nodeId"`
+	Rules    []string `json:"rules"`
+	// UpToDate: the sink has ACKed the latest push of the collection (so it holds the
+	// served version).
+	UpToDate bool `json:"upToDate"`
+}
+
+// Why explains collection/name.
+func (h *Hub) Why(collection, name string) Why {
+	w := Why{Collection: collection, Name: name, Candidates: h.store.candidates(collection, name), Rejected: []Refused{}, Sinks: []WhySink{}}
+	if w.Candidates == nil {
+		w.Candidates = []Candidate{}
+	}
+	if len(w.Candidates) > 0 {
+		w.Served = &w.Candidates[0]
+		if len(w.Candidates) > 1 {
+			w.Conflict = h.current().cfg.conflictWhy()
+		}
+	}
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		if reason, ok := cs.rejections[collection][name]; ok {
+			w.Rejected = append(w.Rejected, Refused{Cluster: cs.name, Reason: reason})
+		}
+		cs.mu.Unlock()
+	}
+	if r, ok := h.store.winner(collection, name); ok {
+		routes := h.current().comp.routes
+		for _, s := range h.Sinks() {
+			sub := routes.Select(routing.Sink{Identity: s.Identity, NodeID: s.NodeID, Annotations: s.Annotations})
+			if !sub.Includes(collection, r.cluster, r.namespace, r.labels) {
+				continue
+			}
+			c := s.Collections[collection]
+			w.Sinks = append(w.Sinks, WhySink{Stream: s.Stream, Identity: s.Identity, NodeID: s.NodeID, Rules: sub.Rules(),
+				UpToDate: c != nil && !c.Pending && c.AckedVersion == c.PushedVersion && c.AckedVersion > 0})
+		}
+	}
+	return w
+}
+
 // Clusters returns every configured cluster's state.
 func (h *Hub) Clusters() []ClusterStatus {
 	lost := map[string]map[string]map[string]string{} // cluster -> collection -> name -> winner
@@ -132,6 +195,14 @@ func (h *Hub) httpHandler() http.Handler {
 	})
 	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Clusters()) })
 	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Sinks()) })
+	mux.HandleFunc("/api/why", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if q.Get("collection") == "" || q.Get("name") == "" {
+			http.Error(w, "give ?collection=COLLECTION&name=NAMESPACE/NAME", http.StatusBadRequest)
+			return
+		}
+		writeJSON(w, h.Why(q.Get("collection"), q.Get("name")))
+	})
 	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Conflicts()) })
 	mux.HandleFunc("/api/owners", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

@@ -513,3 +513,35 @@ func snapshotOf(c *mcp.Cache, collection string) []*mcp.Entry {
 	}
 	return coll.Snapshot().Entries
 }
+
+// Candidate is one cluster's resource for a collection/name, as the why API shows it.
+type Candidate struct {
+	Cluster string     `json:"cluster"`
+	Version string     `json:"version"` // served form: cluster/version as received
+	Created *time.Time `json:"created,omitempty"`
+	Served  bool       `json:"served"`
+}
+
+// candidates returns every cluster's resource for collection/name, the served one first.
+func (s *store) candidates(collection, name string) []Candidate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Candidate
+	for i, r := range s.index[collection][name] {
+		c := Candidate{Cluster: r.cluster, Version: r.served.Version, Served: i == 0}
+		if !r.created.IsZero() {
+			t := r.created
+			c.Created = &t
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// winner returns the served resource's cluster, namespace and labels, if any.
+func (s *store) winner(collection, name string) (*resource, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.winnerLocked(collection, name)
+	return w, w != nil
+}

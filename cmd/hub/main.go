@@ -1,4 +1,5 @@
-// Command hub runs meshfed's central control plane. With no -config it runs
+// Command hub runs meshfed's central control plane, or, as `hub status`, `hub why` and
+// `hub whatif`, asks a running one (see package hub/admin). With no -config it runs
 // hub.DefaultConfig: development mode on 127.0.0.1 (ingest :9901, serve :9900, admin
 // :9990), one cluster "dev" owning everything, every sink receiving everything.
 package main
@@ -16,9 +17,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/admin"
 )
 
 func main() {
+	if len(os.Args) > 1 && admin.IsCommand(os.Args[1]) {
+		// Operator commands against a running hub's admin API.
+		if err := admin.Run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "hub %s: %v\n", os.Args[1], err)
+			os.Exit(1)
+		}
+		return
+	}
 	config := flag.String("config", "", "configuration file (YAML)")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -28,6 +30,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
+	admincli "github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/minion"
@@ -388,6 +391,33 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "candidate configuration:") {
 		t.Errorf("invalid candidate: %d %s", resp.StatusCode, raw)
+	}
+
+	// The operator's commands.
+	run := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := admincli.Run(context.Background(), append(args[:1:1], append([]string{"-admin", admin}, args[1:]...)...), &out); err != nil {
+			t.Fatalf("hub %v: %v", args, err)
+		}
+		return out.String()
+	}
+	if out := run("status"); !strings.Contains(out, "east ") || !strings.Contains(out, "west ") || !strings.Contains(out, "east-only") {
+		t.Errorf("hub status:\n%s", out)
+	}
+	if out := run("why", vs, "shared/common"); !strings.Contains(out, "served from cluster west") || !strings.Contains(out, "also published by east") ||
+		!strings.Contains(out, "rules all): up to date") {
+		t.Errorf("hub why shared/common:\n%s", out)
+	}
+	if out := run("why", vs, "shop/hijack"); !strings.Contains(out, "not served") || !strings.Contains(out, `refused from cluster east: host "api.pay.example.com" is not owned`) {
+		t.Errorf("hub why shop/hijack:\n%s", out)
+	}
+	if out := run("whatif", "-node", "east-istiod"); !strings.Contains(out, "rules [east-only]") || !regexp.MustCompile(regexp.QuoteMeta(vs)+` +1\n`).MatchString(out) {
+		t.Errorf("hub whatif:\n%s", out)
+	}
+	var whyJSON hub.Why
+	if err := json.Unmarshal([]byte(run("why", "-o", "json", vs, "pay/api")), &whyJSON); err != nil || whyJSON.Served == nil || whyJSON.Served.Cluster != "west" {
+		t.Errorf("hub why -o json: %+v %v", whyJSON, err)
 	}
 
 	// The winner goes away: the held loser is served, with its own origin.

@@ -1,0 +1,280 @@
+// Package admin is the operator's command line for a running hub: `hub status`,
+// `hub why COLLECTION NAMESPACE/NAME` and `hub whatif`, which read the hub's admin API and
+// print human-readable tables (or the API's JSON with -o json).
+//
+// It only reads: nothing here changes a hub. It is not the admin API itself (package hub
+// serves that).
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshfed/meshfed/hub"
+)
+
+// Commands lists the subcommands Run knows.
+var Commands = []string{"status", "why", "whatif"}
+
+// IsCommand reports whether name is one of Commands.
+func IsCommand(name string) bool {
+	for _, c := range Commands {
+		if c == name {
+			return true
+		}
+	}
+	return false
+}
+
+type client struct {
+	base string
+	json bool
+	out  io.Writer
+	http *http.Client
+}
+
+// Run executes one subcommand: args[0] is its name, the rest its flags and arguments.
+func Run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 || !IsCommand(args[0]) {
+		return fmt.Errorf("want one of %s", strings.Join(Commands, ", "))
+	}
+	fs := flag.NewFlagSet("hub "+args[0], flag.ContinueOnError)
+	fs.SetOutput(out)
+	addr := fs.String("admin", "127.0.0.1:9990", "the hub's admin (http) address")
+	format := fs.String("o", "table", "output: table or json")
+	identity := fs.String("identity", "", "whatif: the sink's authenticated identity")
+	node := fs.String("node", "", "whatif: the sink's SinkNode id")
+	config := fs.String("config", "", "whatif: a candidate configuration file to evaluate instead of the running one")
+	var annotations multi
+	fs.Var(&annotations, "annotation", "whatif: a SinkNode annotation key=value (repeatable)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *format != "table" && *format != "json" {
+		return fmt.Errorf("-o: %q: want table or json", *format)
+	}
+	c := &client{base: "http://" + *addr, json: *format == "json", out: out, http: &http.Client{Timeout: 10 * time.Second}}
+	switch args[0] {
+	case "status":
+		return c.status(ctx)
+	case "why":
+		if fs.NArg() != 2 {
+			return errors.New("usage: hub why COLLECTION NAMESPACE/NAME")
+		}
+		return c.why(ctx, fs.Arg(0), fs.Arg(1))
+	default:
+		q := url.Values{"identity": {*identity}, "node": {*node}}
+		for _, a := range annotations {
+			if !strings.Contains(a, "=") {
+				return fmt.Errorf("-annotation %q: want key=value", a)
+			}
+			q.Add("annotation", a)
+		}
+		var body []byte
+		if *config != "" {
+			var err error
+			if body, err = os.ReadFile(*config); err != nil {
+				return err
+			}
+		}
+		return c.whatif(ctx, q, body)
+	}
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+// get fetches path into v and, with -o json, prints the JSON as the hub sent it.
+func (c *client) get(ctx context.Context, method, path string, body []byte, v any) (printed bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("the hub's admin API at %s: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return false, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if c.json {
+		_, err := c.out.Write(b)
+		return true, err
+	}
+	return false, json.Unmarshal(b, v)
+}
+
+func (c *client) status(ctx context.Context) error {
+	var clusters []hub.ClusterStatus
+	var sinks []hub.SinkStatus
+	if c.json {
+		// One JSON document: {"clusters": ..., "sinks": ...}.
+		var raw struct {
+			Clusters json.RawMessage `json:"clusters"`
+			Sinks    json.RawMessage `json:"sinks"`
+		}
+		c.json = false
+		var cl, sk any
+		if _, err := c.get(ctx, http.MethodGet, "/api/clusters", nil, &cl); err != nil {
+			return err
+		}
+		if _, err := c.get(ctx, http.MethodGet, "/api/sinks", nil, &sk); err != nil {
+			return err
+		}
+		raw.Clusters, _ = json.Marshal(cl)
+		raw.Sinks, _ = json.Marshal(sk)
+		enc := json.NewEncoder(c.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(raw)
+	}
+	if _, err := c.get(ctx, http.MethodGet, "/api/clusters", nil, &clusters); err != nil {
+		return err
+	}
+	if _, err := c.get(ctx, http.MethodGet, "/api/sinks", nil, &sinks); err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "CLUSTER\tCONNECTED\tSYNCED\tRESOURCES\tREJECTED\tLOST CONFLICTS\tLAST CONTACT")
+	for _, cl := range clusters {
+		last := "never"
+		if cl.LastContact != nil {
+			last = time.Since(*cl.LastContact).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(w, "%s\t%v\t%v\t%d\t%d\t%d\t%s\n", cl.Name, cl.Connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "SINK\tIDENTITY\tNODE\tRULES\tCOLLECTIONS (acked/pushed)\tNACKS")
+	for _, s := range sinks {
+		var colls []string
+		nacks := 0
+		for name, st := range s.Collections {
+			state := fmt.Sprintf("%d/%d", st.AckedVersion, st.PushedVersion)
+			if st.Pending {
+				state += " pending"
+			}
+			colls = append(colls, short(name)+" "+state)
+			if st.LastNACK != "" {
+				nacks++
+			}
+		}
+		sort.Strings(colls)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\n", s.Stream, dash(s.Identity), dash(s.NodeID), dash(strings.Join(s.Rules, ",")), strings.Join(colls, "; "), nacks)
+	}
+	return w.Flush()
+}
+
+func (c *client) why(ctx context.Context, collection, name string) error {
+	var why hub.Why
+	q := url.Values{"collection": {collection}, "name": {name}}
+	if printed, err := c.get(ctx, http.MethodGet, "/api/why?"+q.Encode(), nil, &why); err != nil || printed {
+		return err
+	}
+	fmt.Fprintf(c.out, "%s %s\n", collection, name)
+	switch {
+	case why.Served == nil:
+		fmt.Fprintln(c.out, "  not served: no cluster publishes it (accepted)")
+	default:
+		fmt.Fprintf(c.out, "  served from cluster %s at version %s\n", why.Served.Cluster, why.Served.Version)
+		for _, cand := range why.Candidates[1:] {
+			fmt.Fprintf(c.out, "  also published by %s (%s), held: %s\n", cand.Cluster, cand.Version, why.Conflict)
+		}
+	}
+	for _, r := range why.Rejected {
+		fmt.Fprintf(c.out, "  refused from cluster %s: %s\n", r.Cluster, r.Reason)
+	}
+	if why.Served != nil {
+		if len(why.Sinks) == 0 {
+			fmt.Fprintln(c.out, "  no connected sink's rules give it")
+		}
+		for _, s := range why.Sinks {
+			state := "up to date"
+			if !s.UpToDate {
+				state = "not yet acknowledged"
+			}
+			fmt.Fprintf(c.out, "  sink %d (%s, node %s, rules %s): %s\n", s.Stream, dash(s.Identity), dash(s.NodeID), strings.Join(s.Rules, ","), state)
+		}
+	}
+	return nil
+}
+
+func (c *client) whatif(ctx context.Context, q url.Values, candidate []byte) error {
+	var d hub.DryRun
+	method := http.MethodGet
+	if candidate != nil {
+		method = http.MethodPost
+	}
+	if printed, err := c.get(ctx, method, "/api/dryrun?"+q.Encode(), candidate, &d); err != nil || printed {
+		return err
+	}
+	fmt.Fprintf(c.out, "identity %s, node %s: rules [%s]\n", dash(d.Identity), dash(d.NodeID), strings.Join(d.Rules, ","))
+	w := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
+	header := "COLLECTION\tRESOURCES"
+	if d.Candidate {
+		header += "\tADDED\tREMOVED\tCHANGED"
+	}
+	fmt.Fprintln(w, header)
+	colls := make([]string, 0, len(d.Resources))
+	for coll := range d.Resources {
+		colls = append(colls, coll)
+	}
+	sort.Strings(colls)
+	for _, coll := range colls {
+		line := fmt.Sprintf("%s\t%d", coll, len(d.Resources[coll]))
+		if d.Candidate {
+			line += fmt.Sprintf("\t%s\t%s\t%s", list(d.Added[coll]), list(d.Removed[coll]), list(d.Changed[coll]))
+		}
+		fmt.Fprintln(w, line)
+	}
+	return w.Flush()
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func count(m map[string]map[string]string) int {
+	n := 0
+	for _, v := range m {
+		n += len(v)
+	}
+	return n
+}
+
+func short(collection string) string { return collection[strings.LastIndex(collection, "/")+1:] }
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func list(s []string) string {
+	if len(s) == 0 {
+		return "-"
+	}
+	return strings.Join(s, ",")
+}
