@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -14,6 +15,9 @@ import (
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
+
+// DevTrustDomain is the trust domain of the development CA when none is configured.
+const DevTrustDomain = "meshfed.local"
 
 // ClusterIdentity is the SPIFFE ID of a cluster's minion in a trust domain.
 func ClusterIdentity(trustDomain, cluster string) string {
@@ -43,6 +47,14 @@ type Config struct {
 	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Required unless
 	// DevMode.
 	TLS *TLSConfig `json:"tls,omitempty"`
+	// DevCA makes the hub its own certificate authority for development: on first start it
+	// creates a CA and its serving certificate under StateDir (keys 0600) and reuses them
+	// after; `hub certs issue` issues the clusters' and sinks' certificates from it. It is
+	// never used unless set, and cannot be combined with tls.
+	DevCA bool `json:"devCA,omitempty"`
+	// StateDir holds the development CA. Default .meshfed/hub (relative to the working
+	// directory).
+	StateDir string `json:"stateDir,omitempty"`
 	// DevMode serves plaintext and takes a peer's identity from the x-meshfed-dev-identity
 	// header, which anyone can set: for a laptop, never for production. Logged loudly.
 	DevMode bool `json:"devMode,omitempty"`
@@ -261,15 +273,26 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s: %v", field, err)
 		}
 	}
+	if c.StateDir == "" {
+		c.StateDir = filepath.Join(".meshfed", "hub")
+	}
+	if c.DevCA && c.TrustDomain == "" {
+		c.TrustDomain = DevTrustDomain
+	}
 	switch {
-	case c.TLS == nil && !c.DevMode:
-		return nil, errors.New("tls: required unless devMode is true")
+	case c.DevCA && (c.TLS != nil || c.DevMode):
+		return nil, errors.New("devCA: cannot be combined with tls or devMode")
+	case c.TLS == nil && !c.DevMode && !c.DevCA:
+		return nil, errors.New("tls: required unless devCA or devMode is true")
 	case c.TLS != nil && c.DevMode:
 		return nil, errors.New("devMode: cannot be combined with tls")
 	case c.TLS != nil:
 		if err := c.TLS.files().Validate(); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
+	}
+	if td := c.TrustDomain; td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
+		return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain (lower case, no scheme or path)", td)
 	}
 	if err := c.WarmUp.Check("warmUp"); err != nil {
 		return nil, err
@@ -363,9 +386,6 @@ func (c *Config) compile() (*compiled, error) {
 		if err := d.Check(field); err != nil {
 			return nil, err
 		}
-	}
-	if td := c.TrustDomain; td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
-		return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain (lower case, no scheme or path)", td)
 	}
 	for i, p := range c.Conflicts.Priority {
 		if !names[p] {

@@ -43,7 +43,9 @@ routing:
 func TestConfigErrorsNameTheField(t *testing.T) {
 	base := "devMode: true\nclusters: [{name: a, identities: [a], namespaces: [x]}]\n"
 	for _, tc := range []struct{ yaml, want string }{
-		{"clusters: [{name: a, identities: [a]}]", "tls: required unless devMode"},
+		{"clusters: [{name: a, identities: [a]}]", "tls: required unless devCA or devMode"},
+		{base + "devCA: true", "devCA: cannot be combined with tls or devMode"},
+		{base + "trustDomain: Mesh/X", "trustDomain:"},
 		{base + "tls: {certFile: a}", "devMode: cannot be combined with tls"},
 		{"devMode: true", "clusters: at least one"},
 		{"devMode: true\nclusters: [{name: a}]", `clusters[0] ("a").identities`},

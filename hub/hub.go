@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -79,6 +81,14 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics)
 	for _, c := range cfg.Clusters {
 		h.clusters[c.Name] = &clusterState{name: c.Name, log: log.With("cluster", c.Name)}
+	}
+	if cfg.DevCA {
+		files, err := devCertificates(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = &TLSConfig{CertFile: files.Cert, KeyFile: files.Key, CAFile: files.CA}
+		defer func() { cfg.TLS = nil }() // the file keeps saying devCA: reloads compare like with like
 	}
 	if cfg.TLS != nil {
 		ts, err := meshtls.NewSource(cfg.TLS.files(), log)
@@ -403,4 +413,40 @@ func (h *Hub) Apply(cluster string, c *mcp.Change) error {
 		return fmt.Errorf("cluster %q is not configured", cluster)
 	}
 	return h.applyCluster(cs, nil, c)
+}
+
+// devCertificates makes sure the development CA and the hub's serving certificate exist in
+// the state directory and returns the serving certificate's files. The certificate names
+// the hub (spiffe://<td>/hub/<host>) and the listeners' hosts, and is reissued when it has
+// less than 30 days left.
+func devCertificates(cfg *Config, log *slog.Logger) (meshtls.Files, error) {
+	caDir := filepath.Join(cfg.StateDir, "ca")
+	ca, created, err := meshtls.EnsureDevCA(caDir, cfg.TrustDomain)
+	if err != nil {
+		return meshtls.Files{}, fmt.Errorf("devCA: %w", err)
+	}
+	if created {
+		log.Warn("DEVELOPMENT CA created; never use it in production", "dir", caDir, "trust_domain", cfg.TrustDomain)
+	}
+	tlsDir := filepath.Join(cfg.StateDir, "tls")
+	files := meshtls.Files{Cert: filepath.Join(tlsDir, "hub.crt"), Key: filepath.Join(tlsDir, "hub.key"), CA: filepath.Join(tlsDir, "ca.crt")}
+	if src, err := meshtls.NewSource(files, log); err == nil && src.ValidFor(30*24*time.Hour) {
+		return files, nil
+	}
+	hosts := []string{"127.0.0.1", "localhost", "::1"}
+	for _, a := range []string{cfg.Ingest, cfg.Serve} {
+		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+			hosts = append(hosts, h)
+		}
+	}
+	name, _ := os.Hostname()
+	if name == "" {
+		name = "hub"
+	}
+	files, err = ca.Issue("spiffe://"+cfg.TrustDomain+"/hub/"+name, hosts, tlsDir, "hub")
+	if err != nil {
+		return meshtls.Files{}, fmt.Errorf("devCA: %w", err)
+	}
+	log.Warn("development CA: issued the hub's serving certificate", "cert", files.Cert)
+	return files, nil
 }

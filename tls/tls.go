@@ -102,6 +102,13 @@ func (s *Source) current() (*tls.Certificate, *x509.CertPool) {
 	return s.cert, s.pool
 }
 
+// ValidFor reports whether the current certificate is valid now and for at least d more.
+func (s *Source) ValidFor(d time.Duration) bool {
+	cert, _ := s.current()
+	now := s.now()
+	return !now.Before(cert.Leaf.NotBefore) && now.Add(d).Before(cert.Leaf.NotAfter)
+}
+
 // ClientConfig returns a configuration for dialing: it presents the current certificate and
 // verifies the server's chain against the current bundle. serverName, when not empty,
 // replaces the dialed host name in the check (for a hub reached through an address its

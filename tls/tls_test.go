@@ -25,20 +25,24 @@ func handshake(t *testing.T, server, client *tls.Config) (clientSaw, serverSaw i
 		t.Fatal(err)
 	}
 	defer lis.Close()
-	got := make(chan int64, 1)
+	type seen struct {
+		serial int64
+		ok     bool
+	}
+	got := make(chan seen, 1)
 	go func() {
 		c, err := lis.Accept()
 		if err != nil {
-			got <- -1
+			got <- seen{}
 			return
 		}
 		defer c.Close()
 		tc := c.(*tls.Conn)
 		if tc.Handshake() != nil || len(tc.ConnectionState().PeerCertificates) == 0 {
-			got <- -1
+			got <- seen{}
 			return
 		}
-		got <- tc.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
+		got <- seen{serial: tc.ConnectionState().PeerCertificates[0].SerialNumber.Int64(), ok: true}
 	}()
 	conn, err := tls.Dial("tcp", lis.Addr().String(), client)
 	if err != nil {
@@ -48,10 +52,11 @@ func handshake(t *testing.T, server, client *tls.Config) (clientSaw, serverSaw i
 	defer conn.Close()
 	clientSaw = conn.ConnectionState().PeerCertificates[0].SerialNumber.Int64()
 	// With TLS 1.3 the client finishes before the server has checked its certificate.
-	if serverSaw = <-got; serverSaw < 0 {
-		return clientSaw, serverSaw, errors.New("the server refused the handshake")
+	s := <-got
+	if !s.ok {
+		return clientSaw, 0, errors.New("the server refused the handshake")
 	}
-	return clientSaw, serverSaw, nil
+	return clientSaw, s.serial, nil
 }
 
 func TestMutualTLSAndRotation(t *testing.T) {

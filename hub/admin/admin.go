@@ -1,9 +1,10 @@
-// Package admin is the operator's command line for a running hub: `hub status`,
-// `hub why COLLECTION NAMESPACE/NAME` and `hub whatif`, which read the hub's admin API and
-// print human-readable tables (or the API's JSON with -o json).
+// Package admin is the operator's command line for a hub: `hub status`,
+// `hub why COLLECTION NAMESPACE/NAME` and `hub whatif`, which read a running hub's admin
+// API and print human-readable tables (or the API's JSON with -o json), and `hub certs
+// issue`, which issues a cluster's or a sink's certificate from the hub's development CA.
 //
-// It only reads: nothing here changes a hub. It is not the admin API itself (package hub
-// serves that).
+// Nothing here changes a running hub. It is not the admin API itself (package hub serves
+// that).
 package admin
 
 import (
@@ -17,16 +18,18 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/meshfed/meshfed/hub"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Commands lists the subcommands Run knows.
-var Commands = []string{"status", "why", "whatif"}
+var Commands = []string{"status", "why", "whatif", "certs"}
 
 // IsCommand reports whether name is one of Commands.
 func IsCommand(name string) bool {
@@ -49,6 +52,9 @@ type client struct {
 func Run(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || !IsCommand(args[0]) {
 		return fmt.Errorf("want one of %s", strings.Join(Commands, ", "))
+	}
+	if args[0] == "certs" {
+		return certs(args[1:], out)
 	}
 	fs := flag.NewFlagSet("hub "+args[0], flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -277,4 +283,41 @@ func list(s []string) string {
 		return "-"
 	}
 	return strings.Join(s, ",")
+}
+
+// certs issues a certificate from the development CA: hub certs issue -cluster NAME|-sink NAME -out DIR.
+func certs(args []string, out io.Writer) error {
+	if len(args) == 0 || args[0] != "issue" {
+		return errors.New("usage: hub certs issue (-cluster NAME | -sink NAME) -out DIR [-state-dir DIR] [-trust-domain TD]")
+	}
+	fs := flag.NewFlagSet("hub certs issue", flag.ContinueOnError)
+	fs.SetOutput(out)
+	cluster := fs.String("cluster", "", "issue a minion's certificate for this cluster")
+	sink := fs.String("sink", "", "issue a sink's certificate for this name")
+	outDir := fs.String("out", "", "directory to write NAME.crt, NAME.key (0600) and ca.crt into")
+	stateDir := fs.String("state-dir", filepath.Join(".meshfed", "hub"), "the hub's state directory (its development CA is in ca/)")
+	trustDomain := fs.String("trust-domain", hub.DevTrustDomain, "the hub's trust domain")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if (*cluster == "") == (*sink == "") {
+		return errors.New("give exactly one of -cluster and -sink")
+	}
+	if *outDir == "" {
+		return errors.New("-out: required")
+	}
+	ca, err := meshtls.LoadDevCA(filepath.Join(*stateDir, "ca"))
+	if err != nil {
+		return err
+	}
+	id, name := hub.ClusterIdentity(*trustDomain, *cluster), *cluster
+	if *sink != "" {
+		id, name = hub.SinkIdentity(*trustDomain, *sink), *sink
+	}
+	files, err := ca.Issue(id, nil, *outDir, name)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "issued %s\n  certFile: %s\n  keyFile: %s\n  caFile: %s\n", id, files.Cert, files.Key, files.CA)
+	return nil
 }

@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
+	admincli "github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/minion"
@@ -247,4 +250,79 @@ func TestTLSRefusals(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestDevCA: a hub configured with devCA creates its CA and serving certificate on first
+// start and reuses them after; `hub certs issue` gives a minion and a sink certificates that
+// the hub accepts.
+func TestDevCA(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	newCfg := func() *hub.Config {
+		return &hub.Config{DevCA: true, StateDir: state,
+			Clusters:    []hub.ClusterConfig{{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*"}}},
+			Collections: []string{vs, dr}, WarmUp: hub.Duration{Duration: time.Minute},
+			Routing: routing.Config{Default: &routing.Rule{Name: "all"}}}
+	}
+	h := runHub(t, newCfg())
+	ingest, serve, _ := h.Addrs()
+	caPEM, err := os.ReadFile(filepath.Join(state, "ca", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := t.TempDir()
+	var out bytes.Buffer
+	for _, args := range [][]string{{"-cluster", "east"}, {"-sink", "s1"}} {
+		if err := admincli.Run(context.Background(), append([]string{"certs", "issue", "-out", certs, "-state-dir", state}, args...), &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !strings.Contains(out.String(), "spiffe://meshfed.local/cluster/east") {
+		t.Errorf("certs issue said: %s", out.String())
+	}
+	root := t.TempDir()
+	writeFile(t, root, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	mcfg := &minion.Config{Cluster: "east", Sources: []minion.SourceConfig{{URL: "fs://" + root}}, Collections: []string{vs, dr},
+		TLS: &minion.TLSConfig{CertFile: filepath.Join(certs, "east.crt"), KeyFile: filepath.Join(certs, "east.key"), CAFile: filepath.Join(certs, "ca.crt")},
+		Destinations: minion.DestinationsConfig{Push: []string{"push://" + ingest},
+			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
+	if err := mcfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := minion.New(mcfg, logger(t), minion.NewTelemetry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 20*time.Second, "ready with the development CA", h.Ready)
+
+	sink := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	s, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sink, Logger: logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(credsFrom(t, filepath.Join(certs, "s1.crt"), filepath.Join(certs, "s1.key"), filepath.Join(certs, "ca.crt"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, scancel := context.WithCancel(context.Background())
+	sdone := make(chan struct{})
+	go func() { defer close(sdone); _ = s.PullFrom(sctx, conn) }()
+	defer func() { scancel(); <-sdone }()
+	waitFor(t, 10*time.Second, "the sink's view", func() bool { return sink.view(vs) == "shop/cart@east" })
+
+	// A second hub on the same state directory reuses the CA.
+	if _, err := hub.New(newCfg(), logger(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := os.ReadFile(filepath.Join(state, "ca", "ca.crt"))
+	if err != nil || !bytes.Equal(again, caPEM) {
+		t.Fatalf("the development CA changed on restart (%v)", err)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "ca", "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("ca.key mode: %v %v", fi.Mode().Perm(), err)
+	}
 }
