@@ -6,13 +6,16 @@ FUZZTIME ?= 30s
 BENCHTIME ?= 1x
 PKGS := ./...
 
-.PHONY: help build testbins test test-e2e bench fuzz lint proto verify
+.PHONY: help build demo testbins test test-e2e bench fuzz lint proto verify
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 build: ## compile every package and command
 	$(GO) build $(PKGS)
+
+demo: ## a hub (development CA), two minions and a sink on 127.0.0.1; Ctrl-C stops it
+	./hack/demo.sh
 
 testbins: ## build (or find cached) kube-apiserver, etcd and Istio's MCP peer in .cache/bin
 	$(GO) run ./internal/testbin/build

@@ -15,21 +15,30 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Commands lists the subcommands Run knows.
-var Commands = []string{"status", "why", "whatif", "certs"}
+var Commands = []string{"status", "why", "whatif", "certs", "subscribe"}
 
 // IsCommand reports whether name is one of Commands.
 func IsCommand(name string) bool {
@@ -53,8 +62,11 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || !IsCommand(args[0]) {
 		return fmt.Errorf("want one of %s", strings.Join(Commands, ", "))
 	}
-	if args[0] == "certs" {
+	switch args[0] {
+	case "certs":
 		return certs(args[1:], out)
+	case "subscribe":
+		return subscribe(ctx, args[1:], out)
 	}
 	fs := flag.NewFlagSet("hub "+args[0], flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -197,7 +209,7 @@ func (c *client) why(ctx context.Context, collection, name string) error {
 	fmt.Fprintf(c.out, "%s %s\n", collection, name)
 	switch {
 	case why.Served == nil:
-		fmt.Fprintln(c.out, "  not served: no cluster publishes it (accepted)")
+		fmt.Fprintln(c.out, "  not served: no cluster's version of it is accepted")
 	default:
 		fmt.Fprintf(c.out, "  served from cluster %s at version %s\n", why.Served.Cluster, why.Served.Version)
 		for _, cand := range why.Candidates[1:] {
@@ -319,5 +331,69 @@ func certs(args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "issued %s\n  certFile: %s\n  keyFile: %s\n  caFile: %s\n", id, files.Cert, files.Key, files.CA)
+	return nil
+}
+
+// subscribe is a sink that prints what the hub serves it: hub subscribe -serve ADDR
+// [-cert F -key F -ca F] [-node ID] [-collections a,b]. It runs until ctx ends.
+func subscribe(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("hub subscribe", flag.ContinueOnError)
+	fs.SetOutput(out)
+	serve := fs.String("serve", "127.0.0.1:9900", "the hub's serve address")
+	cert := fs.String("cert", "", "the sink's certificate (mutual TLS); without it, plaintext (a devMode hub)")
+	key := fs.String("key", "", "the sink's key")
+	caFile := fs.String("ca", "", "the trust bundle")
+	node := fs.String("node", "hub-subscribe", "the SinkNode id to send")
+	colls := fs.String("collections", strings.Join(kinds.Collections(), ","), "collections to request, comma-separated")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	creds := insecure.NewCredentials()
+	if *cert != "" {
+		src, err := meshtls.NewSource(meshtls.Files{Cert: *cert, Key: *key, CA: *caFile}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(src.ClientConfig(""))
+	}
+	p := &printer{out: out, held: map[string]map[string]string{}}
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: strings.Split(*colls, ","), Applier: p, FullStateOnly: true,
+		Node: &mcppb.SinkNode{Id: *node}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "subscribing to %s as node %q\n", *serve, *node)
+	mcp.Redial(ctx, []string{*serve}, creds, mcp.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func(addr string, err error) {
+			fmt.Fprintf(out, "stream to %s ended: %v (retrying)\n", addr, err)
+		}, func(ctx context.Context, conn *grpc.ClientConn) error { return sink.PullFrom(ctx, conn) })
+	return nil
+}
+
+// printer prints each collection's state when it changes: one line per resource, with the
+// cluster it came from.
+type printer struct {
+	mu   sync.Mutex
+	out  io.Writer
+	held map[string]map[string]string // collection -> name -> version
+}
+
+func (p *printer) Apply(_ context.Context, c *mcp.Change) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := map[string]string{}
+	var lines []string
+	for _, r := range c.Resources {
+		md := r.GetMetadata()
+		now[md.GetName()] = md.GetVersion()
+		lines = append(lines, fmt.Sprintf("  %s from %s (version %s)", md.GetName(), dash(md.GetAnnotations()[hub.OriginAnnotation]), md.GetVersion()))
+	}
+	if len(now) == 0 && len(p.held[c.Collection]) == 0 {
+		p.held[c.Collection] = now
+		return nil // nothing then, nothing now: keep the output short
+	}
+	p.held[c.Collection] = now
+	sort.Strings(lines)
+	fmt.Fprintf(p.out, "%s: %d resource(s)\n%s\n", c.Collection, len(lines), strings.Join(lines, "\n"))
 	return nil
 }
