@@ -124,17 +124,24 @@ func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 	return h
 }
 
-// runMinion runs a development-mode minion for cluster publishing root to the hub, until
-// stop is called or the test ends.
-func runMinion(t *testing.T, cluster, root, hubAddr string) (m *minion.Minion, stop func()) {
+// minionConfig is a minion configuration for cluster: source (an fs:// or k8s:// URL)
+// pushed to the hub at push (unless empty), with fast redials.
+func minionConfig(cluster, source, push string) *minion.Config {
+	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: source}}, Collections: []string{vs, dr},
+		Destinations: minion.DestinationsConfig{Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
+	if push != "" {
+		cfg.Destinations.Push = []string{"push://" + push}
+	}
+	return cfg
+}
+
+// startMinion runs a minion with cfg until stop is called or the test ends.
+func startMinion(t *testing.T, cfg *minion.Config) (m *minion.Minion, stop func()) {
 	t.Helper()
-	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: "fs://" + root}}, Collections: []string{vs, dr},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + hubAddr},
-			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	m, err := minion.New(cfg, logger(t).With("side", "minion"), minion.NewTelemetry())
+	m, err := minion.New(cfg, logger(t).With("side", "minion-"+cfg.Cluster), minion.NewTelemetry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +159,13 @@ func runMinion(t *testing.T, cluster, root, hubAddr string) (m *minion.Minion, s
 	}
 	t.Cleanup(stop)
 	return m, stop
+}
+
+// runMinion runs a development-mode minion for cluster publishing root to the hub, until
+// stop is called or the test ends.
+func runMinion(t *testing.T, cluster, root, hubAddr string) (m *minion.Minion, stop func()) {
+	t.Helper()
+	return startMinion(t, minionConfig(cluster, "fs://"+root, hubAddr))
 }
 
 // sinkClient is a real MCP sink pulling from the hub's ResourceSource; it keeps the state
@@ -557,19 +571,9 @@ func TestHubPollsAndDialsOut(t *testing.T) {
 	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
 
 	// East's minion only listens.
-	ecfg := &minion.Config{Cluster: "east", Sources: []minion.SourceConfig{{URL: "fs://" + east}}, Collections: []string{vs, dr},
-		Destinations: minion.DestinationsConfig{Listen: "127.0.0.1:0"}}
-	if err := ecfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	em, err := minion.New(ecfg, logger(t).With("side", "minion-east"), minion.NewTelemetry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	mdone := make(chan error, 1)
-	go func() { mdone <- em.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-mdone })
+	ecfg := minionConfig("east", "fs://"+east, "")
+	ecfg.Destinations.Listen = "127.0.0.1:0"
+	em, _ := startMinion(t, ecfg)
 	waitFor(t, 10*time.Second, "east listening", func() bool { return em.ListenAddr() != "" })
 
 	// A sink that only listens.

@@ -40,20 +40,7 @@ func TestKubeMinionThroughHub(t *testing.T) {
 	ingest, serve, _ := h.Addrs()
 	sink := runSink(t, serve, "", "global-istiod", true)
 
-	cfg := &minion.Config{Cluster: "east", Sources: []minion.SourceConfig{{URL: "k8s://" + env.Kubeconfig(sa)}}, Collections: []string{vs, dr},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + ingest},
-			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	m, err := minion.New(cfg, logger(t).With("side", "minion"), minion.NewTelemetry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startMinion(t, minionConfig("east", "k8s://"+env.Kubeconfig(sa), ingest))
 	west := t.TempDir()
 	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
 	runMinion(t, "west", west, ingest)

@@ -86,21 +86,9 @@ func openStream(t *testing.T, addr string, creds credentials.TransportCredential
 func tlsMinion(t *testing.T, p *pki, cluster, root, ingest string) func() {
 	t.Helper()
 	c, k, _ := p.ca.Issue(t, p.dir, "minion-"+cluster, hub.ClusterIdentity(td, cluster))
-	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: "fs://" + root}}, Collections: []string{vs, dr},
-		TLS:          &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: p.bundle},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + ingest}, Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	m, err := minion.New(cfg, logger(t).With("side", "minion-"+cluster), minion.NewTelemetry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	stop := func() { cancel(); <-done }
-	t.Cleanup(stop)
+	cfg := minionConfig(cluster, "fs://"+root, ingest)
+	cfg.TLS = &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: p.bundle}
+	_, stop := startMinion(t, cfg)
 	return stop
 }
 
@@ -281,21 +269,9 @@ func TestDevCA(t *testing.T) {
 	}
 	root := t.TempDir()
 	writeFile(t, root, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
-	mcfg := &minion.Config{Cluster: "east", Sources: []minion.SourceConfig{{URL: "fs://" + root}}, Collections: []string{vs, dr},
-		TLS: &minion.TLSConfig{CertFile: filepath.Join(certs, "east.crt"), KeyFile: filepath.Join(certs, "east.key"), CAFile: filepath.Join(certs, "ca.crt")},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + ingest},
-			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
-	if err := mcfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	m, err := minion.New(mcfg, logger(t), minion.NewTelemetry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	mcfg := minionConfig("east", "fs://"+root, ingest)
+	mcfg.TLS = &minion.TLSConfig{CertFile: filepath.Join(certs, "east.crt"), KeyFile: filepath.Join(certs, "east.key"), CAFile: filepath.Join(certs, "ca.crt")}
+	startMinion(t, mcfg)
 	waitFor(t, 20*time.Second, "ready with the development CA", h.Ready)
 
 	sink := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
