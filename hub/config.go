@@ -17,7 +17,7 @@ import (
 )
 
 // DevTrustDomain is the trust domain of the development CA when none is configured.
-const DevTrustDomain = "meshfed.local"
+const DevTrustDomain = meshtls.DevTrustDomain
 
 // ClusterIdentity is the SPIFFE ID of a cluster's minion in a trust domain.
 func ClusterIdentity(trustDomain, cluster string) string {
@@ -45,7 +45,7 @@ type Config struct {
 
 	// TLS makes both gRPC listeners require mutual TLS; a peer's identity is its
 	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Required unless
-	// DevMode.
+	// Insecure.
 	TLS *TLSConfig `json:"tls,omitempty"`
 	// DevCA makes the hub its own certificate authority for development: on first start it
 	// creates a CA and its serving certificate under StateDir (keys 0600) and reuses them
@@ -55,9 +55,9 @@ type Config struct {
 	// StateDir holds the development CA. Default .meshfed/hub (relative to the working
 	// directory).
 	StateDir string `json:"stateDir,omitempty"`
-	// DevMode serves plaintext and takes a peer's identity from the x-meshfed-dev-identity
+	// Insecure serves plaintext and takes a peer's identity from the x-meshfed-dev-identity
 	// header, which anyone can set: for a laptop, never for production. Logged loudly.
-	DevMode bool `json:"devMode,omitempty"`
+	Insecure bool `json:"insecure,omitempty"`
 
 	// TrustDomain, when set, is the SPIFFE trust domain of the mesh's identities: minions
 	// are spiffe://<trustDomain>/cluster/<name>, sinks spiffe://<trustDomain>/sink/<name>.
@@ -208,8 +208,8 @@ type Duration = ops.Duration
 // everything.
 func DefaultConfig() *Config {
 	return &Config{
-		DevMode:  true,
-		Clusters: []ClusterConfig{{Name: "dev", Identities: []string{"dev"}, Namespaces: []string{"*"}, Hosts: []string{"*"}}},
+		DevCA:    true,
+		Clusters: []ClusterConfig{{Name: "dev", Namespaces: []string{"*"}, Hosts: []string{"*"}}},
 		Routing:  routing.Config{Default: &routing.Rule{Name: "everything"}},
 		WarmUp:   Duration{Duration: 5 * time.Second},
 	}
@@ -280,12 +280,12 @@ func (c *Config) compile() (*compiled, error) {
 		c.TrustDomain = DevTrustDomain
 	}
 	switch {
-	case c.DevCA && (c.TLS != nil || c.DevMode):
-		return nil, errors.New("devCA: cannot be combined with tls or devMode")
-	case c.TLS == nil && !c.DevMode && !c.DevCA:
-		return nil, errors.New("tls: required unless devCA or devMode is true")
-	case c.TLS != nil && c.DevMode:
-		return nil, errors.New("devMode: cannot be combined with tls")
+	case c.DevCA && (c.TLS != nil || c.Insecure):
+		return nil, errors.New("devCA: cannot be combined with tls or insecure")
+	case c.TLS == nil && !c.Insecure && !c.DevCA:
+		return nil, errors.New("tls: required unless devCA or insecure is true")
+	case c.TLS != nil && c.Insecure:
+		return nil, errors.New("insecure: cannot be combined with tls")
 	case c.TLS != nil:
 		if err := c.TLS.files().Validate(); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)

@@ -41,16 +41,16 @@ routing:
 }
 
 func TestConfigErrorsNameTheField(t *testing.T) {
-	base := "devMode: true\nclusters: [{name: a, identities: [a], namespaces: [x]}]\n"
+	base := "insecure: true\nclusters: [{name: a, identities: [a], namespaces: [x]}]\n"
 	for _, tc := range []struct{ yaml, want string }{
-		{"clusters: [{name: a, identities: [a]}]", "tls: required unless devCA or devMode"},
-		{base + "devCA: true", "devCA: cannot be combined with tls or devMode"},
+		{"clusters: [{name: a, identities: [a]}]", "tls: required unless devCA or insecure"},
+		{base + "devCA: true", "devCA: cannot be combined with tls or insecure"},
 		{base + "trustDomain: Mesh/X", "trustDomain:"},
-		{base + "tls: {certFile: a}", "devMode: cannot be combined with tls"},
-		{"devMode: true", "clusters: at least one"},
-		{"devMode: true\nclusters: [{name: a}]", `clusters[0] ("a").identities`},
-		{"devMode: true\nclusters: [{name: a, identities: [i]}, {name: b, identities: [i]}]", `clusters[1] ("b").identities[0]: "i" is empty or already cluster "a"'s`},
-		{"devMode: true\nclusters: [{name: a, identities: [i]}, {name: a, identities: [j]}]", `clusters[1].name: "a" is used twice`},
+		{base + "tls: {certFile: a}", "insecure: cannot be combined with tls"},
+		{"insecure: true", "clusters: at least one"},
+		{"insecure: true\nclusters: [{name: a}]", `clusters[0] ("a").identities`},
+		{"insecure: true\nclusters: [{name: a, identities: [i]}, {name: b, identities: [i]}]", `clusters[1] ("b").identities[0]: "i" is empty or already cluster "a"'s`},
+		{"insecure: true\nclusters: [{name: a, identities: [i]}, {name: a, identities: [j]}]", `clusters[1].name: "a" is used twice`},
 		{base + "warmUp: soon", "warmUp:"},
 		{base + "staleness: {default: sometimes}", "staleness.default"},
 		{base + "staleness: {collections: {nope: 1m}}", `staleness.collections: "nope"`},
@@ -58,8 +58,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{base + "routing: {rules: [{name: ''}]}", "routing.rules[0].name"},
 		{base + "ingest: nowhere", "ingest:"},
 		{base + "surprise: 1", `unknown field "surprise"`},
-		{"devMode: true\nclusters: [{name: a, identities: [a], hosts: ['*foo.com']}]", "hosts[0]"},
-		{"devMode: true\nclusters: [{name: a, identities: [a], namespaces: ['*']}, {name: b, identities: [b], namespaces: [x]}]", `both own namespaces "x"`},
+		{"insecure: true\nclusters: [{name: a, identities: [a], hosts: ['*foo.com']}]", "hosts[0]"},
+		{"insecure: true\nclusters: [{name: a, identities: [a], namespaces: ['*']}, {name: b, identities: [b], namespaces: [x]}]", `both own namespaces "x"`},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -88,7 +88,7 @@ func TestNamespaceOverlap(t *testing.T) {
 
 // FuzzParseConfig: any input is a configuration or an error, never a panic.
 func FuzzParseConfig(f *testing.F) {
-	f.Add([]byte("devMode: true\nclusters: [{name: a, identities: [a], namespaces: ['team-*'], hosts: ['*.a.com']}]\n"))
+	f.Add([]byte("insecure: true\nclusters: [{name: a, identities: [a], namespaces: ['team-*'], hosts: ['*.a.com']}]\n"))
 	f.Add([]byte("clusters: [{name: a}]\nrouting: {rules: [{name: r, labels: 'a in (b)'}]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)

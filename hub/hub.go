@@ -198,11 +198,14 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 		left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
 		return "", status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
 	}
-	id, err := peerIdentity(ctx, h.cfg.DevMode)
+	id, err := peerIdentity(ctx, h.cfg.Insecure)
 	if err != nil {
 		return "", err
 	}
-	if td := h.current().cfg.TrustDomain; td != "" && !h.cfg.DevMode && !strings.HasPrefix(id, "spiffe://"+td+"/sink/") {
+	if h.cfg.Insecure {
+		h.log.Warn("insecure: admitting a sink without TLS, by the identity it claims", "identity", id)
+	}
+	if td := h.current().cfg.TrustDomain; td != "" && !h.cfg.Insecure && !strings.HasPrefix(id, "spiffe://"+td+"/sink/") {
 		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a sink identity (spiffe://%s/sink/NAME): only sinks may subscribe", id, td)
 	}
 	return id, nil
@@ -232,7 +235,7 @@ func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (m
 	node := info.Node()
 	cur := r.h.current()
 	nodeID := node.GetId()
-	if td := cur.cfg.TrustDomain; td != "" && !r.h.cfg.DevMode {
+	if td := cur.cfg.TrustDomain; td != "" && !r.h.cfg.Insecure {
 		// The certificate names the sink; a SinkNode id that says otherwise is not believed.
 		if name := strings.TrimPrefix(info.Identity, "spiffe://"+td+"/sink/"); name != nodeID {
 			if nodeID != "" {
@@ -252,7 +255,7 @@ func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (m
 // Run serves until ctx ends.
 func (h *Hub) Run(ctx context.Context) error {
 	h.started = h.now()
-	if h.cfg.DevMode {
+	if h.cfg.Insecure {
 		h.log.Warn("DEVELOPMENT MODE: plaintext gRPC, peers identified by the identity they claim; never use this in production")
 	}
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

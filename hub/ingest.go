@@ -95,8 +95,8 @@ func (cs *clusterState) status(counts map[string]int) ClusterStatus {
 // peerIdentity returns the authenticated identity of a stream's peer: the URI SAN (a SPIFFE
 // ID) of its verified client certificate, else its subject common name; in development
 // mode, the x-meshfed-dev-identity header.
-func peerIdentity(ctx context.Context, devMode bool) (string, error) {
-	if devMode {
+func peerIdentity(ctx context.Context, insecure bool) (string, error) {
+	if insecure {
 		md, _ := metadata.FromIncomingContext(ctx)
 		if v := md.Get(DevIdentityHeader); len(v) > 0 {
 			return v[0], nil
@@ -126,18 +126,18 @@ func peerIdentity(ctx context.Context, devMode bool) (string, error) {
 // authenticateCluster admits a minion's stream only if its identity is a configured
 // cluster's.
 func (h *Hub) authenticateCluster(ctx context.Context) (string, error) {
-	id, err := peerIdentity(ctx, h.cfg.DevMode)
+	id, err := peerIdentity(ctx, h.cfg.Insecure)
 	if err != nil {
 		return "", err
 	}
 	cur := h.current()
-	if td := cur.cfg.TrustDomain; td != "" && !h.cfg.DevMode && !strings.HasPrefix(id, "spiffe://"+td+"/cluster/") {
+	if td := cur.cfg.TrustDomain; td != "" && !h.cfg.Insecure && !strings.HasPrefix(id, "spiffe://"+td+"/cluster/") {
 		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a cluster identity (spiffe://%s/cluster/NAME): only minions may push", id, td)
 	}
 	if _, ok := cur.comp.identity[id]; !ok {
 		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", id)
 	}
-	if h.cfg.DevMode {
+	if h.cfg.Insecure {
 		h.log.Warn("development mode: admitting a cluster by the identity it claims", "identity", id)
 	}
 	return id, nil

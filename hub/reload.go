@@ -89,7 +89,7 @@ func restartOnly(old, next *Config) error {
 		a, b any
 	}{
 		{"ingest", old.Ingest, next.Ingest}, {"serve", old.Serve, next.Serve}, {"http", old.HTTP, next.HTTP},
-		{"tls", old.TLS, next.TLS}, {"devMode", old.DevMode, next.DevMode}, {"collections", old.Collections, next.Collections},
+		{"tls", old.TLS, next.TLS}, {"insecure", old.Insecure, next.Insecure}, {"collections", old.Collections, next.Collections},
 		{"maxMessageSize", old.MaxMessageSize, next.MaxMessageSize}, {"dialSinks", old.DialSinks, next.DialSinks},
 		{"poll", old.Poll, next.Poll}, {"backoff", old.Backoff.Initial.Duration, next.Backoff.Initial.Duration},
 		{"backoff", old.Backoff.Max.Duration, next.Backoff.Max.Duration}, {"limits", old.Limits, next.Limits},

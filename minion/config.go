@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -40,6 +41,14 @@ type Config struct {
 	// the listener requires such a client certificate. The files are re-read when they
 	// change (rotation without restart). Unset: plaintext, logged as development mode.
 	TLS *TLSConfig `json:"tls,omitempty"`
+	// Insecure allows running without tls: plaintext connections, and a hub that takes the
+	// cluster's word for who it is. For a laptop only; logged at start and on every
+	// connection. Without tls and without insecure the configuration is refused.
+	Insecure bool `json:"insecure,omitempty"`
+	// DevCA, for a minion on the same machine as a hub running with its development CA, is
+	// that hub's state directory: the minion issues itself a certificate for
+	// spiffe://meshfed.local/cluster/<cluster> from the CA there. Never for production.
+	DevCA string `json:"devCA,omitempty"`
 }
 
 // TLSConfig names the minion's certificate, key and trust bundle (PEM files).
@@ -100,6 +109,7 @@ func DefaultConfig() *Config {
 		Sources:      []SourceConfig{{URL: "fs://examples/clusters/east"}},
 		Destinations: DestinationsConfig{Push: []string{"push://127.0.0.1:9901"}},
 		HTTP:         "127.0.0.1:9902",
+		DevCA:        filepath.Join(".meshfed", "hub"),
 	}
 }
 
@@ -175,7 +185,18 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("http: %v", err)
 		}
 	}
-	if c.TLS != nil {
+	modes := 0
+	for _, on := range []bool{c.TLS != nil, c.Insecure, c.DevCA != ""} {
+		if on {
+			modes++
+		}
+	}
+	switch {
+	case modes > 1:
+		return errors.New("tls, insecure and devCA: set only one")
+	case modes == 0:
+		return errors.New("tls: required unless insecure is true (or devCA names a development hub's state directory)")
+	case c.TLS != nil:
 		if err := c.TLS.files().Validate(); err != nil {
 			return fmt.Errorf("tls: %w", err)
 		}

@@ -56,10 +56,12 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, collections: [nope]}`, "collections[0]"},
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, kinds: [{collection: c, version: v1, resource: r, kind: K, messageType: no.Such}]}`, "kinds[0]"},
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, sourcez: 1}`, "unknown field \"sourcez\""},
-		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {initial: 2s, max: 1s}}}`, "destinations.backoff"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {initial: 2s, max: 1s}}, insecure: true}`, "destinations.backoff"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}}`, "tls: required unless insecure is true"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, insecure: true, devCA: x}`, "set only one"},
 		{"sources:\n  - url: a\n url: b", "not valid YAML"},
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, tls: {certFile: a, caFile: c}}`, "tls: keyFile is required"},
-		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {max: forever}}}`, "destinations.backoff.max"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {max: forever}}, insecure: true}`, "destinations.backoff.max"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -102,6 +102,7 @@ func (f *kubeFixture) minionConfig(hub *hubSim, src SourceConfig) *Config {
 		Sources:      []SourceConfig{src},
 		Collections:  []string{vsColl, drColl},
 		Destinations: DestinationsConfig{Push: []string{"push://" + hub.Addr}, Backoff: BackoffConfig{Initial: Duration{Duration: 20 * time.Millisecond}, Max: Duration{Duration: 500 * time.Millisecond}}},
+		Insecure:     true,
 	}
 }
 

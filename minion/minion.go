@@ -95,12 +95,31 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		colls = append(colls, k.Collection)
 	}
 	m.clientCreds, m.serverCreds = insecure.NewCredentials(), insecure.NewCredentials()
+	tlsFiles := meshtls.Files{}
 	if cfg.TLS != nil {
-		ts, err := meshtls.NewSource(cfg.TLS.files(), m.log)
+		tlsFiles = cfg.TLS.files()
+	}
+	if cfg.DevCA != "" {
+		ca, err := meshtls.LoadDevCA(filepath.Join(cfg.DevCA, "ca"))
+		if err != nil {
+			return nil, fmt.Errorf("devCA: %w (start the hub with devCA first)", err)
+		}
+		id := "spiffe://" + meshtls.DevTrustDomain + "/cluster/" + cfg.Cluster
+		if tlsFiles, err = ca.Issue(id, nil, filepath.Join(cfg.DevCA, "minion-"+cfg.Cluster), cfg.Cluster); err != nil {
+			return nil, fmt.Errorf("devCA: %w", err)
+		}
+		m.log.Warn("DEVELOPMENT CA: issued this minion's certificate from the hub's development CA; never in production", "identity", id)
+	}
+	if tlsFiles.Cert != "" {
+		ts, err := meshtls.NewSource(tlsFiles, m.log)
 		if err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
-		m.clientCreds = credentials.NewTLS(ts.ClientConfig(cfg.TLS.ServerName))
+		serverName := ""
+		if cfg.TLS != nil {
+			serverName = cfg.TLS.ServerName
+		}
+		m.clientCreds = credentials.NewTLS(ts.ClientConfig(serverName))
 		m.serverCreds = credentials.NewTLS(ts.ServerConfig())
 		m.tlsOn = true
 	}
@@ -321,7 +340,8 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		g.Go(func() error {
 			mcp.Redial(ctx, addrs, m.clientCreds, m.cfg.Destinations.Backoff.backoff(), m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				if !m.tlsOn {
-					// Development mode: tell a hub in development mode who we claim to be.
+					m.log.Warn("insecure: connecting to the hub without TLS", "addr", conn.Target())
+					// Tell a hub in insecure mode who we claim to be.
 					ctx = metadata.AppendToOutgoingContext(ctx, devIdentityHeader, m.cfg.Cluster)
 				}
 				return m.src.PushTo(ctx, conn)

@@ -34,6 +34,7 @@ func fsConfig(root string, push ...string) *Config {
 		Sources:      []SourceConfig{{URL: "fs://" + root}},
 		Collections:  []string{vsColl, drColl},
 		Destinations: DestinationsConfig{Push: push, Backoff: fastBackoff},
+		Insecure:     true,
 	}
 }
 
@@ -137,7 +138,7 @@ func TestMinionForwardsAnUpstreamMCPSource(t *testing.T) {
 	up.Put(vsColl, vsEntry(t, "ns/one", "1", "one"), vsEntry(t, "ns/two", "1", "two"))
 	addr := upstreamSource(t, up)
 	hub := startHubSim(t, vsColl, drColl)
-	m := runMinion(t, &Config{Cluster: "edge", Sources: []SourceConfig{{URL: "mcp://" + addr}}, Collections: []string{vsColl, drColl},
+	m := runMinion(t, &Config{Cluster: "edge", Sources: []SourceConfig{{URL: "mcp://" + addr}}, Collections: []string{vsColl, drColl}, Insecure: true,
 		Destinations: DestinationsConfig{Push: []string{"push://" + hub.Addr}, Backoff: fastBackoff}})
 	waitFor(t, 10*time.Second, "forwarded", func() bool { return hub.names(vsColl) == "ns/one,ns/two" })
 	if !m.Ready() {
@@ -157,7 +158,7 @@ func TestMinionServesAPollingHub(t *testing.T) {
 	root := t.TempDir()
 	write(t, root, "ns/a.yaml", vsDoc("a", "", "a"))
 	m := runMinion(t, &Config{Cluster: "east", Sources: []SourceConfig{{URL: "fs://" + root}}, Collections: []string{vsColl, drColl},
-		Destinations: DestinationsConfig{Listen: "127.0.0.1:0"}})
+		Destinations: DestinationsConfig{Listen: "127.0.0.1:0"}, Insecure: true})
 	waitFor(t, 10*time.Second, "listener", func() bool { return m.ListenAddr() != "" })
 
 	var mu sync.Mutex
@@ -218,7 +219,7 @@ func TestRunWithReload(t *testing.T) {
 	path := filepath.Join(cfgDir, "minion.yaml")
 	conf := func(dir string) string {
 		return "cluster: east\nsources: [{url: 'fs://" + dir + "'}]\ncollections: [" + vsColl + ", " + drColl + "]\n" +
-			"destinations: {push: ['push://" + hub.Addr + "'], backoff: {initial: 10ms, max: 200ms}}\nhttp: ''\n"
+			"destinations: {push: ['push://" + hub.Addr + "'], backoff: {initial: 10ms, max: 200ms}}\nhttp: ''\ninsecure: true\n"
 	}
 	write(t, cfgDir, "minion.yaml", conf(dir1))
 	tel := NewTelemetry()
@@ -323,7 +324,7 @@ func TestMinionMutualTLS(t *testing.T) {
 	write(t, root, "ns/a.yaml", vsDoc("a", "", "a"))
 	mc, mk, _ := ca.Issue(t, dir, "minion-east", "minion.east")
 	cfg := fsConfig(root, "push://"+hub.Addr)
-	cfg.TLS = &TLSConfig{CertFile: mc, KeyFile: mk, CAFile: bundle}
+	cfg.TLS, cfg.Insecure = &TLSConfig{CertFile: mc, KeyFile: mk, CAFile: bundle}, false
 	runMinion(t, cfg)
 	waitFor(t, 10*time.Second, "push over mutual TLS", func() bool { return hub.names(vsColl) == "ns/a" })
 	if p := hub.peerNames(); len(p) == 0 || p[0] != "minion-east" {
@@ -334,7 +335,7 @@ func TestMinionMutualTLS(t *testing.T) {
 	other := tlstest.NewCA(t, "other-ca")
 	oc, ok, _ := other.Issue(t, dir, "intruder", "intruder")
 	bad := fsConfig(root, "push://"+hub.Addr)
-	bad.TLS = &TLSConfig{CertFile: oc, KeyFile: ok, CAFile: bundle}
+	bad.TLS, bad.Insecure = &TLSConfig{CertFile: oc, KeyFile: ok, CAFile: bundle}, false
 	m := runMinion(t, bad)
 	waitFor(t, 10*time.Second, "failed attempts", func() bool {
 		return metricValue(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": hub.Addr, "result": "failed"}) >= 2
@@ -345,7 +346,7 @@ func TestMinionMutualTLS(t *testing.T) {
 
 	// Bad TLS files are a configuration error naming the file.
 	broken := fsConfig(root, "push://"+hub.Addr)
-	broken.TLS = &TLSConfig{CertFile: mc, KeyFile: filepath.Join(dir, "missing.key"), CAFile: bundle}
+	broken.TLS, broken.Insecure = &TLSConfig{CertFile: mc, KeyFile: filepath.Join(dir, "missing.key"), CAFile: bundle}, false
 	if _, err := New(broken, testLog(t), NewTelemetry()); err == nil || !strings.Contains(err.Error(), "missing.key") {
 		t.Fatalf("New with a missing key: %v", err)
 	}

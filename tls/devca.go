@@ -31,6 +31,9 @@ type DevCA struct {
 	pem  []byte
 }
 
+// DevTrustDomain is the trust domain of the development CA's identities.
+const DevTrustDomain = "meshfed.local"
+
 // Validity of what the development CA issues.
 const (
 	devCAValidity   = 10 * 365 * 24 * time.Hour

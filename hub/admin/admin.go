@@ -340,7 +340,7 @@ func subscribe(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("hub subscribe", flag.ContinueOnError)
 	fs.SetOutput(out)
 	serve := fs.String("serve", "127.0.0.1:9900", "the hub's serve address")
-	cert := fs.String("cert", "", "the sink's certificate (mutual TLS); without it, plaintext (a devMode hub)")
+	cert := fs.String("cert", "", "the sink's certificate (mutual TLS); without it, plaintext (a insecure hub)")
 	key := fs.String("key", "", "the sink's key")
 	caFile := fs.String("ca", "", "the trust bundle")
 	node := fs.String("node", "hub-subscribe", "the SinkNode id to send")

@@ -39,7 +39,7 @@ type benchHub struct {
 }
 
 func startHub(clusters int) (*benchHub, error) {
-	cfg := &hub.Config{DevMode: true, Ingest: "127.0.0.1:0", Serve: "127.0.0.1:0", Collections: []string{hubCollection},
+	cfg := &hub.Config{Insecure: true, Ingest: "127.0.0.1:0", Serve: "127.0.0.1:0", Collections: []string{hubCollection},
 		Routing: routing.Config{Default: &routing.Rule{Name: "all"}}, WarmUp: hub.Duration{Duration: time.Minute},
 		Limits: hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}}
 	for i := range clusters {

@@ -235,7 +235,7 @@ func KubeInitialSync(n int, repoRoot string) (res SyncResult, err error) {
 
 	cfg := &minion.Config{Cluster: "bench", Sources: []minion.SourceConfig{{URL: "k8s://" + env.Kubeconfig(sa)}},
 		Collections:  []string{vsCollection},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + lis.Addr().String()}}}
+		Destinations: minion.DestinationsConfig{Push: []string{"push://" + lis.Addr().String()}}, Insecure: true}
 	if err := cfg.Validate(); err != nil {
 		return res, err
 	}

@@ -128,7 +128,8 @@ func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 // pushed to the hub at push (unless empty), with fast redials.
 func minionConfig(cluster, source, push string) *minion.Config {
 	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: source}}, Collections: []string{vs, dr},
-		Destinations: minion.DestinationsConfig{Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}}}
+		Destinations: minion.DestinationsConfig{Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}},
+		Insecure:     true}
 	if push != "" {
 		cfg.Destinations.Push = []string{"push://" + push}
 	}
@@ -274,7 +275,7 @@ func getJSON(t *testing.T, url string, v any) {
 
 func twoClusterConfig() *hub.Config {
 	cfg := &hub.Config{
-		DevMode: true,
+		Insecure: true,
 		Clusters: []hub.ClusterConfig{
 			{Name: "east", Identities: []string{"east"}, Namespaces: []string{"shop", "shared"}, Hosts: []string{"*.shop.example.com", "*.shared.example.com"}},
 			{Name: "west", Identities: []string{"west"}, Namespaces: []string{"pay", "shared"}, Hosts: []string{"*.pay.example.com", "*.shared.example.com"}},

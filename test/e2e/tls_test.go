@@ -87,7 +87,7 @@ func tlsMinion(t *testing.T, p *pki, cluster, root, ingest string) func() {
 	t.Helper()
 	c, k, _ := p.ca.Issue(t, p.dir, "minion-"+cluster, hub.ClusterIdentity(td, cluster))
 	cfg := minionConfig(cluster, "fs://"+root, ingest)
-	cfg.TLS = &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: p.bundle}
+	cfg.TLS, cfg.Insecure = &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: p.bundle}, false
 	_, stop := startMinion(t, cfg)
 	return stop
 }
@@ -270,6 +270,7 @@ func TestDevCA(t *testing.T) {
 	root := t.TempDir()
 	writeFile(t, root, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
 	mcfg := minionConfig("east", "fs://"+root, ingest)
+	mcfg.Insecure = false
 	mcfg.TLS = &minion.TLSConfig{CertFile: filepath.Join(certs, "east.crt"), KeyFile: filepath.Join(certs, "east.key"), CAFile: filepath.Join(certs, "ca.crt")}
 	startMinion(t, mcfg)
 	waitFor(t, 20*time.Second, "ready with the development CA", h.Ready)
