@@ -225,8 +225,8 @@ func TestHubConfigMapParses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ConfigMap meshfed-hub hub.yaml: %v", err)
 	}
-	if cfg.DevMode || cfg.TLS == nil {
-		t.Error("hub.yaml: production configuration without tls (or with devMode)")
+	if cfg.Insecure || cfg.TLS == nil {
+		t.Error("hub.yaml: production configuration without tls (or with insecure)")
 	}
 
 	dep := typed[appsv1.Deployment](t, find(t, objs, "Deployment", "meshfed-hub"))

@@ -23,7 +23,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && admin.IsCommand(os.Args[1]) {
 		// Operator commands against a running hub's admin API.
-		if err := admin.Run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := admin.Run(ctx, os.Args[1:], os.Stdout); err != nil {
 			fmt.Fprintf(os.Stderr, "hub %s: %v\n", os.Args[1], err)
 			os.Exit(1)
 		}
