@@ -23,7 +23,7 @@ testbins: ## build (or find cached) kube-apiserver, etcd and Istio's MCP peer in
 test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiserver, Istio interop (the CI command)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
-test-e2e: testbins ## multi-process end-to-end tests (build tag e2e)
+test-e2e: testbins ## make test plus tests behind the e2e build tag (multi-process tests already run in make test)
 	$(GO) test -race -count=1 -timeout 30m -tags e2e $(PKGS)
 
 bench: testbins ## benchmark tables (with same-run baselines) and Go benchmarks
