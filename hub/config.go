@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -21,17 +22,17 @@ const DevTrustDomain = meshtls.DevTrustDomain
 
 // ClusterIdentity is the SPIFFE ID of a cluster's minion in a trust domain.
 func ClusterIdentity(trustDomain, cluster string) string {
-	return "spiffe://" + trustDomain + "/cluster/" + cluster
+	return meshtls.ID(trustDomain, meshtls.KindCluster, cluster)
 }
 
 // SinkIdentity is the SPIFFE ID of a sink in a trust domain.
 func SinkIdentity(trustDomain, sink string) string {
-	return "spiffe://" + trustDomain + "/sink/" + sink
+	return meshtls.ID(trustDomain, meshtls.KindSink, sink)
 }
 
-// DevIdentityHeader carries a peer's claimed identity in development mode (no TLS). The
-// minion sends its cluster name in it when it runs without TLS.
-const DevIdentityHeader = "x-meshfed-dev-identity"
+// DevIdentityHeader carries a peer's claimed identity in insecure mode (see
+// mcp.DevIdentityHeader).
+const DevIdentityHeader = mcp.DevIdentityHeader
 
 // Config is the hub's configuration file (YAML). DefaultConfig is what runs with no file.
 type Config struct {
@@ -351,7 +352,7 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
 		}
 		for j, id := range ids {
-			if c.TrustDomain != "" && !strings.HasPrefix(id, "spiffe://"+c.TrustDomain+"/cluster/") {
+			if kind, _, _ := meshtls.ParseID(c.TrustDomain, id); c.TrustDomain != "" && kind != meshtls.KindCluster {
 				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
 					field, cl.Name, j, id, c.TrustDomain, c.TrustDomain)
 			}

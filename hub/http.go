@@ -72,15 +72,13 @@ type WhySink struct {
 
 // Why explains collection/name.
 func (h *Hub) Why(collection, name string) Why {
-	w := Why{Collection: collection, Name: name, Candidates: h.store.candidates(collection, name), Rejected: []Refused{}, Sinks: []WhySink{}}
+	cands, why := h.store.candidates(collection, name)
+	w := Why{Collection: collection, Name: name, Candidates: cands, Conflict: why, Rejected: []Refused{}, Sinks: []WhySink{}}
 	if w.Candidates == nil {
 		w.Candidates = []Candidate{}
 	}
 	if len(w.Candidates) > 0 {
 		w.Served = &w.Candidates[0]
-		if len(w.Candidates) > 1 {
-			w.Conflict = h.current().cfg.conflictWhy()
-		}
 	}
 	for _, cs := range h.clusterList() {
 		cs.mu.Lock()

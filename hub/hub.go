@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,10 +204,23 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 	if h.cfg.Insecure {
 		h.log.Warn("insecure: admitting a sink without TLS, by the identity it claims", "identity", id)
 	}
-	if td := h.current().cfg.TrustDomain; td != "" && !h.cfg.Insecure && !strings.HasPrefix(id, "spiffe://"+td+"/sink/") {
-		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a sink identity (spiffe://%s/sink/NAME): only sinks may subscribe", id, td)
+	if err := h.requireKind(id, meshtls.KindSink, "sinks may subscribe"); err != nil {
+		return "", err
 	}
 	return id, nil
+}
+
+// requireKind refuses id, with PermissionDenied, unless it is an identity of kind in the
+// configured trust domain (when one is configured and TLS is on). what says who may.
+func (h *Hub) requireKind(id, kind, what string) error {
+	td := h.current().cfg.TrustDomain
+	if td == "" || h.cfg.Insecure {
+		return nil
+	}
+	if k, _, _ := meshtls.ParseID(td, id); k != kind {
+		return status.Errorf(codes.PermissionDenied, "identity %q is not a %s identity (%s): only %s", id, kind, meshtls.ID(td, kind, "NAME"), what)
+	}
+	return nil
 }
 
 // resolveTypeURL maps istiod's MCP-over-xDS type URLs (group/version/Kind) to the served
@@ -235,9 +247,9 @@ func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (m
 	node := info.Node()
 	cur := r.h.current()
 	nodeID := node.GetId()
-	if td := cur.cfg.TrustDomain; td != "" && !r.h.cfg.Insecure {
+	if cur.cfg.TrustDomain != "" && !r.h.cfg.Insecure {
 		// The certificate names the sink; a SinkNode id that says otherwise is not believed.
-		if name := strings.TrimPrefix(info.Identity, "spiffe://"+td+"/sink/"); name != nodeID {
+		if _, name, _ := meshtls.ParseID(cur.cfg.TrustDomain, info.Identity); name != nodeID {
 			if nodeID != "" {
 				r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
 					"identity", info.Identity, "node_id", nodeID, "collection", collection)
@@ -446,7 +458,7 @@ func devCertificates(cfg *Config, log *slog.Logger) (meshtls.Files, error) {
 	if name == "" {
 		name = "hub"
 	}
-	files, err = ca.Issue("spiffe://"+cfg.TrustDomain+"/hub/"+name, hosts, tlsDir, "hub")
+	files, err = ca.Issue(meshtls.ID(cfg.TrustDomain, meshtls.KindHub, name), hosts, tlsDir, "hub")
 	if err != nil {
 		return meshtls.Files{}, fmt.Errorf("devCA: %w", err)
 	}

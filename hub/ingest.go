@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // clusterState is the hub's knowledge of one configured cluster beyond its resources.
@@ -131,8 +130,8 @@ func (h *Hub) authenticateCluster(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cur := h.current()
-	if td := cur.cfg.TrustDomain; td != "" && !h.cfg.Insecure && !strings.HasPrefix(id, "spiffe://"+td+"/cluster/") {
-		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a cluster identity (spiffe://%s/cluster/NAME): only minions may push", id, td)
+	if err := h.requireKind(id, meshtls.KindCluster, "minions may push"); err != nil {
+		return "", err
 	}
 	if _, ok := cur.comp.identity[id]; !ok {
 		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", id)
@@ -245,15 +244,10 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 	}
 	lost := h.store.apply(cs.name, c.Collection, put, c.Removed, !c.Incremental, keep)
 	refused := len(rejected) // the ones not stored; conflicts are stored and may be served later
-	lostNames := make([]string, 0, len(lost))
-	for n := range lost {
-		lostNames = append(lostNames, n)
-	}
-	sort.Strings(lostNames)
-	for _, n := range lostNames {
-		rejected = append(rejected, mcp.Rejection{Resource: n,
+	for _, cf := range lost {
+		rejected = append(rejected, mcp.Rejection{Resource: cf.Name,
 			Reason: fmt.Sprintf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
-				lost[n], n, cur.cfg.conflictWhy())})
+				cf.Winner, cf.Name, cf.Why)})
 	}
 
 	cs.mu.Lock()
@@ -314,13 +308,6 @@ func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 		cs.log.Info("cluster synced")
 		h.checkReady()
 	}
-}
-
-func (c *Config) conflictWhy() string {
-	if len(c.Conflicts.Priority) > 0 {
-		return "cluster priority"
-	}
-	return "the oldest create_time wins, ties by cluster name"
 }
 
 var errNotReady = errors.New("the hub is warming up")

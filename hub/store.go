@@ -157,9 +157,8 @@ func (s *store) versions(cluster, collection string) map[string]string {
 // apply records a cluster's change to a collection: put resources (accepted), remove
 // names; with full, everything else the cluster held in the collection is removed too,
 // except the names in keep (resources whose new version was rejected keep their last
-// accepted one). It returns the names (of put) that lost a conflict, with the winner's
-// cluster.
-func (s *store) apply(cluster, collection string, put []*resource, remove []string, full bool, keep map[string]bool) map[string]string {
+// accepted one). It returns the conflicts the cluster's put resources lose, by name.
+func (s *store) apply(cluster, collection string, put []*resource, remove []string, full bool, keep map[string]bool) []Conflict {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cc := s.clusters[cluster]
@@ -203,14 +202,15 @@ func (s *store) apply(cluster, collection string, put []*resource, remove []stri
 		touched[r.name] = true
 	}
 	s.publishLocked(collection, touched)
-	lost := map[string]string{}
+	var lost []Conflict
 	for _, r := range put {
 		if h := held[r.name]; h != nil {
 			if c := s.index[collection][r.name]; len(c) > 1 && c[0] != h {
-				lost[r.name] = c[0].cluster
+				lost = append(lost, Conflict{Collection: collection, Name: r.name, Winner: c[0].cluster, Losers: []string{cluster}, Why: s.policy.why(c[0])})
 			}
 		}
 	}
+	sort.Slice(lost, func(i, j int) bool { return lost[i].Name < lost[j].Name })
 	return lost
 }
 
@@ -522,12 +522,16 @@ type Candidate struct {
 	Served  bool       `json:"served"`
 }
 
-// candidates returns every cluster's resource for collection/name, the served one first.
-func (s *store) candidates(collection, name string) []Candidate {
+// candidates returns every cluster's resource for collection/name, the served one first,
+// and, when there are several, why the first wins.
+func (s *store) candidates(collection, name string) (out []Candidate, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Candidate
-	for i, r := range s.index[collection][name] {
+	cands := s.index[collection][name]
+	if len(cands) > 1 {
+		why = s.policy.why(cands[0])
+	}
+	for i, r := range cands {
 		c := Candidate{Cluster: r.cluster, Version: r.served.Version, Served: i == 0}
 		if !r.created.IsZero() {
 			t := r.created
@@ -535,7 +539,7 @@ func (s *store) candidates(collection, name string) []Candidate {
 		}
 		out = append(out, c)
 	}
-	return out
+	return out, why
 }
 
 // winner returns the served resource's cluster, namespace and labels, if any.

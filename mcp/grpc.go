@@ -19,6 +19,11 @@ import (
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
+// DevIdentityHeader is the gRPC metadata key in which a peer states its identity when there
+// is no TLS to prove it: a minion sends its cluster name, and a hub in insecure mode takes
+// it on trust. With TLS it is ignored: the identity is the certificate's.
+const DevIdentityHeader = "x-meshfed-dev-identity"
+
 // ServerConfig configures the admission of new streams on SourceServer and SinkServer.
 type ServerConfig struct {
 	// Authenticate returns the authenticated identity of the peer of a new stream, e.g. from

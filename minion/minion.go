@@ -27,10 +27,6 @@ import (
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
-// devIdentityHeader carries the cluster name to a hub in development mode (no TLS), which
-// takes it on trust; with TLS the hub uses the certificate's identity instead.
-const devIdentityHeader = "x-meshfed-dev-identity"
-
 // source is one input of the minion.
 type source interface {
 	Name() string
@@ -104,7 +100,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		if err != nil {
 			return nil, fmt.Errorf("devCA: %w (start the hub with devCA first)", err)
 		}
-		id := "spiffe://" + meshtls.DevTrustDomain + "/cluster/" + cfg.Cluster
+		id := meshtls.ID(meshtls.DevTrustDomain, meshtls.KindCluster, cfg.Cluster)
 		if tlsFiles, err = ca.Issue(id, nil, filepath.Join(cfg.DevCA, "minion-"+cfg.Cluster), cfg.Cluster); err != nil {
 			return nil, fmt.Errorf("devCA: %w", err)
 		}
@@ -342,7 +338,7 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 				if !m.tlsOn {
 					m.log.Warn("insecure: connecting to the hub without TLS", "addr", conn.Target())
 					// Tell a hub in insecure mode who we claim to be.
-					ctx = metadata.AppendToOutgoingContext(ctx, devIdentityHeader, m.cfg.Cluster)
+					ctx = metadata.AppendToOutgoingContext(ctx, mcp.DevIdentityHeader, m.cfg.Cluster)
 				}
 				return m.src.PushTo(ctx, conn)
 			})
