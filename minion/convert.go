@@ -110,12 +110,17 @@ func decodeContent(k Kind, content map[string]any) (proto.Message, error) {
 	if _, isMap := spec.(map[string]any); !isMap {
 		return nil, fmt.Errorf("%w: spec is a %T, want an object", ErrInvalidSpec, spec)
 	}
-	b, err := json.MarshalIndent(spec, "", " ") // one value per line, so errors can name a path
+	b, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
 	}
 	if err := (protojson.UnmarshalOptions{}).Unmarshal(b, msg); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidSpec, explainJSONError("spec", b, err.Error()))
+		// Only now, on the error path, one value per line: the error's line names a path.
+		indented, _ := json.MarshalIndent(spec, "", " ")
+		if err2 := (protojson.UnmarshalOptions{}).Unmarshal(indented, mt.New().Interface()); err2 != nil {
+			err = err2
+		}
+		return nil, fmt.Errorf("%w: %s", ErrInvalidSpec, explainJSONError("spec", indented, err.Error()))
 	}
 	return msg, nil
 }
