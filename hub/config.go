@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -217,17 +216,7 @@ func DefaultConfig() *Config {
 }
 
 // LoadConfig reads and validates a configuration file.
-func LoadConfig(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := ParseConfig(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return cfg, nil
-}
+func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseConfig) }
 
 // ParseConfig parses and validates a configuration. Unknown fields are errors.
 func ParseConfig(data []byte) (*Config, error) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -114,17 +113,7 @@ func DefaultConfig() *Config {
 }
 
 // LoadConfig reads and validates a configuration file. Unknown fields are errors.
-func LoadConfig(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := ParseConfig(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return cfg, nil
-}
+func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseConfig) }
 
 // ParseConfig parses and validates a configuration.
 func ParseConfig(data []byte) (*Config, error) {

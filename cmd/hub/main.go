@@ -10,7 +10,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/internal/ops"
 )
 
 func main() {
@@ -37,12 +37,11 @@ func main() {
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
 
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+	log, err := ops.Logger(os.Stderr, *level)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "hub: -log-level: %v\n", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

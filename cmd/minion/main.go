@@ -7,11 +7,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/minion"
 )
 
@@ -20,12 +20,11 @@ func main() {
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
 
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+	log, err := ops.Logger(os.Stderr, *level)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "minion: -log-level: %v\n", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := minion.RunWithReload(ctx, *config, log, minion.NewTelemetry()); err != nil {

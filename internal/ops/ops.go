@@ -11,10 +11,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -136,4 +138,28 @@ func WatchFile(ctx context.Context, path string, debounce time.Duration, log *sl
 			changed()
 		}
 	}
+}
+
+// LoadFile reads a configuration file and parses it with parse; an error names the file.
+func LoadFile[T any](path string, parse func([]byte) (T, error)) (T, error) {
+	var zero T
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return zero, err
+	}
+	v, err := parse(data)
+	if err != nil {
+		return zero, fmt.Errorf("%s: %w", path, err)
+	}
+	return v, nil
+}
+
+// Logger returns the programs' structured (JSON) logger writing to w at level: debug, info,
+// warn or error.
+func Logger(w io.Writer, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv})), nil
 }

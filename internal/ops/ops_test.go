@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -74,5 +75,25 @@ func TestServeHTTPAndWatchFile(t *testing.T) {
 	cancel()
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestLoadFileAndLogger(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadFile(path, func([]byte) (int, error) { return 0, fmt.Errorf("bad field") })
+	if err == nil || err.Error() != path+": bad field" {
+		t.Errorf("LoadFile: %v", err)
+	}
+	if v, err := LoadFile(path, func(b []byte) (string, error) { return string(b), nil }); v != "x" || err != nil {
+		t.Errorf("LoadFile = %q, %v", v, err)
+	}
+	if _, err := Logger(io.Discard, "loud"); err == nil || !strings.Contains(err.Error(), `"loud"`) {
+		t.Errorf("Logger(loud): %v", err)
+	}
+	if l, err := Logger(io.Discard, "warn"); err != nil || l.Enabled(context.Background(), slog.LevelInfo) {
+		t.Errorf("Logger(warn): %v", err)
 	}
 }
