@@ -2,7 +2,6 @@ package minion
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sort"
 	"strings"
@@ -239,8 +238,6 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-func (h *hubSim) String() string { return fmt.Sprintf("hubSim(%s)", h.Addr) }
 
 // metricValue returns the value of the minion's metric with exactly these labels (0 if
 // absent).

@@ -234,15 +234,6 @@ func (t *Table) SubsetByKey(key string) (*Subset, bool) {
 	return sub, true
 }
 
-// Rules returns the names of the rules in the table, sorted.
-func (t *Table) Rules() []string {
-	out := make([]string, len(t.rules))
-	for i, r := range t.rules {
-		out[i] = r.name
-	}
-	return out
-}
-
 func (r *rule) selects(s Sink) bool {
 	if !anyMatch(r.identities, s.Identity) || !anyMatch(r.nodeIDs, s.NodeID) {
 		return false

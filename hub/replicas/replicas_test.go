@@ -110,13 +110,19 @@ func TestHoldingsAndEpochs(t *testing.T) {
 }
 
 func TestWrongKeyCannotJoin(t *testing.T) {
-	a := start(t, "a", keyFile(t))
-	intruder := start(t, "x", keyFile(t), a.Addr())
-	time.Sleep(500 * time.Millisecond) // several gossip rounds
-	if n := len(a.Replicas()); n != 1 {
-		t.Fatalf("a sees %d replicas after a join with another key", n)
+	key := keyFile(t)
+	a := start(t, "a", key)
+	intruder := start(t, "x", keyFile(t), a.Addr()) // its join has returned (and failed)
+	c := start(t, "c", key, a.Addr())
+	eventually(t, "the replica with the right key joined", func() bool { return len(c.Replicas()) == 2 && len(a.Replicas()) == 2 })
+	for _, r := range a.Replicas() {
+		if r.Name == "x" {
+			t.Fatalf("a replica with another key joined: %v", a.Replicas())
+		}
 	}
-	_ = intruder
+	if n := len(intruder.Replicas()); n != 1 {
+		t.Fatalf("the intruder sees %d replicas", n)
+	}
 }
 
 func TestKeyFileErrors(t *testing.T) {

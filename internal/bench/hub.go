@@ -25,9 +25,6 @@ import (
 // alone, so the benchmark resources (StringValue bodies) are accepted as they are.
 const hubCollection = "bench/resources"
 
-// hubResource is resource i at version v in namespace "bench".
-func hubResource(i, v, size int) *mcpapi.Resource { return Resource(i, v, size) }
-
 // benchHub runs a development-mode hub with clusters c000..c(n-1), every sink receiving
 // everything, on loopback.
 type benchHub struct {
@@ -79,7 +76,6 @@ func (b *benchHub) stop() { b.cancel(); <-b.done }
 
 // cluster pushes a cache to the hub as one cluster, like a minion.
 type cluster struct {
-	cache  *mcp.Cache
 	cancel func()
 	done   chan struct{}
 }
@@ -94,7 +90,7 @@ func (b *benchHub) connect(name string, cache *mcp.Cache) (*cluster, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{cache: cache, cancel: cancel, done: make(chan struct{})}
+	c := &cluster{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		defer conn.Close()
@@ -126,7 +122,7 @@ func HubFanout(cfg FanoutConfig) (Result, error) {
 	defer b.stop()
 	cache := mcp.NewCache(hubCollection)
 	for i := range cfg.Resources {
-		if _, err := cache.PutResources(hubCollection, hubResource(i, 0, cfg.ResourceBytes)); err != nil {
+		if _, err := cache.PutResources(hubCollection, Resource(i, 0, cfg.ResourceBytes)); err != nil {
 			return Result{}, err
 		}
 	}
@@ -151,7 +147,7 @@ func HubFanout(cfg FanoutConfig) (Result, error) {
 	}
 	changes := make([]*mcpapi.Resource, cfg.Changes+1)
 	for i := 1; i <= cfg.Changes; i++ {
-		changes[i] = hubResource(i%max(cfg.Resources, 1), i, cfg.ResourceBytes)
+		changes[i] = Resource(i%max(cfg.Resources, 1), i, cfg.ResourceBytes)
 	}
 	r0, b0 := mcp.ResourceEncodes(), mcp.BodyEncodes()
 	per, bytes, allocs := measure(cfg, got, func(i int) {
@@ -190,7 +186,7 @@ func HubStore(n, changes, size int) (StoreResult, error) {
 	for start := 0; start < n; start += batch {
 		c := &mcp.Change{Collection: hubCollection, Incremental: true}
 		for i := start; i < min(start+batch, n); i++ {
-			r := hubResource(i, 0, size)
+			r := Resource(i, 0, size)
 			e, err := mcp.NewEntry(r)
 			if err != nil {
 				return StoreResult{}, err
@@ -249,7 +245,7 @@ func HubStore(n, changes, size int) (StoreResult, error) {
 	warm := changes / 4
 	pre := make([]*mcp.Change, warm+changes) // distinct versions: every change is pushed
 	for i := range pre {
-		r := hubResource(i%n, i+1, size)
+		r := Resource(i%n, i+1, size)
 		e, err := mcp.NewEntry(r)
 		if err != nil {
 			return res, err
@@ -330,7 +326,7 @@ func IdleSinks(n int) (IdleResult, error) {
 	}
 	cache := mcp.NewCache(hubCollection)
 	for i := range 10 {
-		if _, err := cache.PutResources(hubCollection, hubResource(i, 0, 128)); err != nil {
+		if _, err := cache.PutResources(hubCollection, Resource(i, 0, 128)); err != nil {
 			return res, err
 		}
 	}
@@ -358,7 +354,7 @@ func IdleSinks(n int) (IdleResult, error) {
 	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")}))
 	var first []*mcpapi.Resource
 	for i := range 10 {
-		first = append(first, hubResource(i, 0, 128))
+		first = append(first, Resource(i, 0, 128))
 	}
 	mcppb.RegisterResourceSourceServer(srv, &baselineServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
 		req := new(mcppb.RequestResources)
@@ -406,7 +402,7 @@ func HubLatency(clusters, sinks, changes int) (LatencyResult, error) {
 		caches[i] = mcp.NewCache(hubCollection)
 		name := fmt.Sprintf("c%03d", i)
 		for j := range 10 {
-			r := hubResource(j, 0, 256)
+			r := Resource(j, 0, 256)
 			r.Metadata.Name = fmt.Sprintf("%s/r%02d", name, j)
 			if _, err := caches[i].PutResources(hubCollection, r); err != nil {
 				return res, err
@@ -435,7 +431,7 @@ func HubLatency(clusters, sinks, changes int) (LatencyResult, error) {
 	lat := make([]time.Duration, 0, sinks*changes)
 	for i := range changes {
 		c := i % clusters
-		r := hubResource(i, i+1, 256)
+		r := Resource(i, i+1, 256)
 		r.Metadata.Name = fmt.Sprintf("c%03d/r%02d", c, i%10)
 		e, err := mcp.NewEntry(r)
 		if err != nil {
