@@ -167,6 +167,7 @@ func (s *KubeSource) handler(k Kind) cache.ResourceEventHandlerFuncs {
 			// A resync delivers the object unchanged: nothing to convert or publish.
 			if o, ok := old.(*unstructured.Unstructured); ok {
 				if n, ok := obj.(*unstructured.Unstructured); ok && o.GetResourceVersion() == n.GetResourceVersion() {
+					s.metrics.resync(k.Collection)
 					return
 				}
 			}

@@ -311,7 +311,10 @@ func TestKubeIntegration(t *testing.T) {
 		waitFor(t, 10*time.Second, "event", func() bool { return len(f.events(t, "resync", "broken")) == 1 })
 		conv := metricValue(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "ok"})
 		pushes := hub.pushes()
-		time.Sleep(2500 * time.Millisecond) // two resync periods (1s is client-go's minimum)
+		// Two resyncs of all six objects (1s is client-go's minimum period) must have happened.
+		waitFor(t, 30*time.Second, "two resyncs", func() bool {
+			return metricValue(t, m.reg, "meshfed_minion_resyncs_skipped_total", map[string]string{"collection": vsColl}) >= 12
+		})
 		if got := metricValue(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "ok"}); got != conv {
 			t.Errorf("resyncs reconverted unchanged objects: conversions %v -> %v", conv, got)
 		}

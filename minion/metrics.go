@@ -13,6 +13,7 @@ type Metrics struct {
 	connected     *prometheus.GaugeVec
 	connects      *prometheus.CounterVec
 	reloads       *prometheus.CounterVec
+	resyncs       *prometheus.CounterVec
 }
 
 // NewMetrics creates the minion's metrics and registers them with reg.
@@ -34,7 +35,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
 			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
 	}
-	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.reloads)
+	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "resyncs_skipped_total",
+		Help: "Informer resyncs of unchanged objects, skipped without converting or publishing, by collection."}, []string{"collection"})
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.reloads, m.resyncs)
 	return m
 }
 
@@ -86,4 +89,11 @@ func (m *Metrics) reload(result string) {
 		return
 	}
 	m.reloads.WithLabelValues(result).Inc()
+}
+
+func (m *Metrics) resync(collection string) {
+	if m == nil {
+		return
+	}
+	m.resyncs.WithLabelValues(collection).Inc()
 }
