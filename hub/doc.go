@@ -4,8 +4,13 @@
 // against the ownership ACL (package hub/acl), keeps the accepted ones per cluster, merges
 // the clusters' collections (one winner per collection/namespace/name, by a deterministic
 // conflict policy), and serves each sink the subset its routing rules give it (package
-// routing) over MCP ResourceSource. Sinks with the same subset share one view, encoded
-// once.
+// routing) over MCP ResourceSource, MCP over xDS (istiod 1.9+) and dial-out to sinks that
+// only listen. Sinks with the same subset share one view, encoded once. Clusters whose
+// minion only listens are polled. The configuration reloads without a restart; warm-up and
+// staleness keep sinks from seeing a cluster's objects vanish because a process restarted
+// or a minion disconnected. An admin API explains clusters, sinks, conflicts, owners and
+// what a sink would receive.
 //
-// It does not watch Kubernetes or files (the minion does) and does not issue certificates.
+// It does not watch Kubernetes or files (the minion does). Its only certificates are those
+// of its optional development CA (package tls).
 package hub

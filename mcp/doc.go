@@ -20,5 +20,9 @@
 // initial_resource_versions; pushes never exceed the configured message size (incremental
 // ones are split); unserved collections get an empty state instead of a dead stream.
 //
+// XDSServer serves the same Watcher over MCP-over-xDS (envoy's ADS, state of the world), as
+// istiod 1.9+ consumes it; Redial keeps a client stream up with backoff. A store ends a
+// stream it can no longer serve as it is (after a routing change) with StreamInfo.Close.
+//
 // It is not a store of record, a router or an ACL: those are the hub's and minion's.
 package mcp

@@ -4,9 +4,13 @@
 // streams (they keep the session they negotiated). A bundle may hold several roots, as it
 // does during a CA rotation.
 //
-// Import it as meshtls; it wraps crypto/tls. It does not issue certificates or decide who
-// may do what: identities and authorization are built on the verified peer certificate by
-// its callers.
+// Servers verify client certificates themselves, against the bundle of each handshake, so
+// every refusal is classified (ServerConfigWith). ID and ParseID name the mesh's SPIFFE
+// identities (spiffe://<trust-domain>/<kind>/<name>). DevCA is a development certificate
+// authority kept in a state directory, used only when a configuration asks for it.
+//
+// Import it as meshtls; it wraps crypto/tls. It does not decide who may do what: that is
+// built on the verified identity by its callers (the hub's ownership and routing).
 package tls
 
 import (
