@@ -7,8 +7,9 @@ import (
 	"google.golang.org/grpc/mem"
 )
 
-// frame is a Resources message assembled from a shared, pre-encoded body and the stream's
-// own nonce. Sending one copies nothing: the body is handed to gRPC as is.
+// frame is a Resources message (or an MCP-over-xDS DiscoveryResponse: its nonce is field 5
+// too) assembled from a shared, pre-encoded body and the stream's own nonce. Sending one
+// copies nothing: the body is handed to gRPC as is.
 type frame struct {
 	body  []byte
 	nonce string
@@ -46,7 +47,7 @@ func (codec) Name() string { return "proto" }
 
 // ServerOptions returns the gRPC server options MCP services of this package need (the codec
 // that sends pre-encoded pushes). Pass them to grpc.NewServer for any server that registers a
-// SourceServer or SinkServer; other services on that server are unaffected.
+// SourceServer, SinkServer or XDSServer; other services on that server are unaffected.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
 }

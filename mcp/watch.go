@@ -39,6 +39,9 @@ type Snapshot struct {
 	Entries []*Entry
 
 	body lazyBody
+
+	xdsMu     sync.Mutex        // guards xdsBodies
+	xdsBodies map[string][]byte // MCP-over-xDS response bodies, by type URL
 }
 
 // Delta is an immutable change set between two versions of a collection.
@@ -69,6 +72,22 @@ func (l *lazyBody) get(build func() []byte) []byte {
 
 func (s *Snapshot) encoded() []byte {
 	return s.body.get(func() []byte { return encodeBody(s.Collection, s.Version, s.Entries, nil, false) })
+}
+
+// xdsEncoded returns the snapshot as an MCP-over-xDS DiscoveryResponse of typeURL, without
+// its nonce: encoded once per type URL and shared by every xDS stream.
+func (s *Snapshot) xdsEncoded(typeURL string) []byte {
+	s.xdsMu.Lock()
+	defer s.xdsMu.Unlock()
+	if b, ok := s.xdsBodies[typeURL]; ok {
+		return b
+	}
+	if s.xdsBodies == nil {
+		s.xdsBodies = map[string][]byte{}
+	}
+	b := encodeXDSBody(typeURL, s.Version, s.Entries)
+	s.xdsBodies[typeURL] = b
+	return b
 }
 
 func (d *Delta) encoded() []byte {

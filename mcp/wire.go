@@ -225,6 +225,46 @@ func encodeBody(collection string, version uint64, entries []*Entry, removed []s
 }
 
 // nonceField encodes the nonce field that completes a body into a Resources message.
+// Fields of envoy.service.discovery.v3.DiscoveryResponse and google.protobuf.Any. The
+// response's nonce is field 5, as in Resources, so one frame type carries both.
+const (
+	fieldXDSVersionInfo = 1
+	fieldXDSResources   = 2
+	fieldXDSTypeURL     = 4
+	fieldAnyTypeURL     = 1
+	fieldAnyValue       = 2
+)
+
+// encodeXDSBody encodes a DiscoveryResponse of typeURL holding entries as Any values of
+// istio.mcp.v1alpha1.Resource (the entries' bytes, copied once), without a nonce.
+func encodeXDSBody(typeURL string, version uint64, entries []*Entry) []byte {
+	ver := strconv.FormatUint(version, 10)
+	anySize := func(e *Entry) int {
+		return protowire.SizeTag(fieldAnyTypeURL) + protowire.SizeBytes(len(ResourceTypeURL)) +
+			protowire.SizeTag(fieldAnyValue) + protowire.SizeBytes(len(e.Encoded))
+	}
+	size := protowire.SizeTag(fieldXDSVersionInfo) + protowire.SizeBytes(len(ver)) +
+		protowire.SizeTag(fieldXDSTypeURL) + protowire.SizeBytes(len(typeURL))
+	for _, e := range entries {
+		size += protowire.SizeTag(fieldXDSResources) + protowire.SizeBytes(anySize(e))
+	}
+	b := make([]byte, 0, size)
+	b = protowire.AppendTag(b, fieldXDSVersionInfo, protowire.BytesType)
+	b = protowire.AppendString(b, ver)
+	for _, e := range entries {
+		b = protowire.AppendTag(b, fieldXDSResources, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(anySize(e)))
+		b = protowire.AppendTag(b, fieldAnyTypeURL, protowire.BytesType)
+		b = protowire.AppendString(b, ResourceTypeURL)
+		b = protowire.AppendTag(b, fieldAnyValue, protowire.BytesType)
+		b = protowire.AppendBytes(b, e.Encoded)
+	}
+	b = protowire.AppendTag(b, fieldXDSTypeURL, protowire.BytesType)
+	b = protowire.AppendString(b, typeURL)
+	bodyEncodes.Add(1)
+	return b
+}
+
 func nonceField(nonce string) []byte {
 	b := make([]byte, 0, protowire.SizeTag(fieldResourcesNonce)+protowire.SizeBytes(len(nonce)))
 	b = protowire.AppendTag(b, fieldResourcesNonce, protowire.BytesType)

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -33,6 +32,10 @@ const ResourceTypeURL = "type.googleapis.com/istio.mcp.v1alpha1.Resource"
 // into the next; a NACKed version is not resent until the collection changes; stale
 // nonces are ignored (the first request for a type may carry one, and is a subscription
 // whatever its nonce).
+//
+// Like the MCP services, each response body is encoded once per snapshot version and type URL
+// and shared by every stream, the nonce appended by this package's codec: the gRPC server
+// must be built with ServerOptions.
 type XDSServer struct {
 	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
 	w       Watcher
@@ -214,28 +217,27 @@ func (s *XDSServer) handle(info *StreamInfo, log *slog.Logger, types map[string]
 	}
 }
 
-// push sends the full state of t.
+// push sends the full state of t: the snapshot's body for this type URL, encoded once and
+// shared by every stream, and this stream's nonce (see frame).
 func (s *XDSServer) push(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer, log *slog.Logger, t *xdsType, nonce string) error {
-	var entries []*Entry
+	var body []byte
 	var v uint64
 	if t.coll != nil {
 		snap := t.coll.Snapshot()
-		entries, v = snap.Entries, snap.Version
+		body, v = snap.xdsEncoded(t.typeURL), snap.Version
+	} else {
+		body = encodeXDSBody(t.typeURL, 0, nil)
 	}
-	resp := &discoverypb.DiscoveryResponse{VersionInfo: strconv.FormatUint(v, 10), TypeUrl: t.typeURL, Nonce: nonce,
-		Resources: make([]*anypb.Any, len(entries))}
-	for i, e := range entries {
-		resp.Resources[i] = &anypb.Any{TypeUrl: ResourceTypeURL, Value: e.Encoded}
-	}
+	f := &frame{body: body, nonce: nonce}
 	t.sent, t.sentVersion, t.resend = true, v, false
-	size := proto.Size(resp)
+	size := f.size()
 	if size > s.opts.MaxMessageSize {
 		s.adm.cfg.Metrics.pushError(t.collection, "too_large")
 		log.Error("full state too large for one xds response; not sent until it changes",
 			"type_url", t.typeURL, "bytes", size, "limit", s.opts.MaxMessageSize)
 		return nil
 	}
-	if err := stream.Send(resp); err != nil {
+	if err := stream.SendMsg(f); err != nil {
 		return err
 	}
 	t.pendingNonce = nonce

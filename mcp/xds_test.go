@@ -244,3 +244,54 @@ func FuzzXDSRequests(f *testing.F) {
 		}
 	})
 }
+
+// TestXDSEncodesEachResponseOnce: streams of the same type share one encoded response body
+// per version (only the nonce is per stream).
+func TestXDSEncodesEachResponseOnce(t *testing.T) {
+	vsColl, _ := kinds.ForTypeURL(vsTypeURL)
+	c := NewCache(vsColl.Collection)
+	c.Put(vsColl.Collection, entry(t, "ns/a", "1"))
+	xs, err := NewXDSServer(c, XDSOptions{Resolve: func(url string) (string, bool) {
+		k, ok := kinds.ForTypeURL(url)
+		return k.Collection, ok
+	}, Server: ServerConfig{Logger: testLogger(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, func(s *grpc.Server) { xs.Register(s) })
+	conn := dial(t, addr)
+	var streams []discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	for range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&discoverypb.DiscoveryRequest{TypeUrl: vsTypeURL}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&discoverypb.DiscoveryRequest{TypeUrl: vsTypeURL, ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	b0 := BodyEncodes()
+	c.Put(vsColl.Collection, entry(t, "ns/a", "2"))
+	for _, st := range streams {
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := xdsNames(t, r); got != "ns/a@2" {
+			t.Fatalf("response %q", got)
+		}
+	}
+	if n := BodyEncodes() - b0; n != 1 {
+		t.Fatalf("%d response bodies encoded for one change to 5 streams, want 1", n)
+	}
+}
