@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
+	"github.com/meshfed/meshfed/internal/testlog"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
@@ -29,31 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const waitFor = 10 * time.Second // upper bound on any wait; tests never assert durations
 
 // testLogger logs to t.Log until the test ends, then discards.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tlogWriter{t: t}
-	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
-	level := slog.LevelInfo
-	if os.Getenv("MCP_TEST_DEBUG") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
-type tlogWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tlogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Helper()
-		w.t.Log(string(p[:len(p)-1]))
-	}
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testlog.New(t) }
 
 // res builds a resource whose body is a StringValue, so tests can check content.
 func res(name, version, content string) *mcpapi.Resource {

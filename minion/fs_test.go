@@ -6,12 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/meshfed/meshfed/internal/testlog"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -22,26 +22,7 @@ const (
 	drColl = "istio/networking/v1alpha3/destinationrules"
 )
 
-func testLog(t testing.TB) *slog.Logger {
-	w := &tlog{t: t}
-	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tlog struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tlog) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
+func testLog(t testing.TB) *slog.Logger { return testlog.New(t) }
 
 func write(t testing.TB, root, rel, content string) {
 	t.Helper()

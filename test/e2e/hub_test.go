@@ -31,6 +31,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	admincli "github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/internal/testlog"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/minion"
@@ -45,26 +46,7 @@ const (
 )
 
 // logger writes to t.Log until the test ends.
-func logger(t testing.TB) *slog.Logger {
-	w := &tw{t: t}
-	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-type tw struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tw) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
+func logger(t testing.TB) *slog.Logger { return testlog.New(t) }
 
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()

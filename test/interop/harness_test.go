@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -29,6 +28,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testlog"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -132,66 +132,12 @@ func waitChan[T any](t testing.TB, what string, ch <-chan T) {
 
 // ---- logging ----
 
-// logWriter forwards whole lines to t.Log until the test ends, then drops them. At most
-// maxLogLines lines are logged per writer, so a peer stuck in a reconnect loop cannot flood
-// the test output.
-type logWriter struct {
-	t      testing.TB
-	prefix string
-
-	mu    sync.Mutex
-	done  bool
-	lines int
-	buf   []byte
-}
-
-const maxLogLines = 3000
-
-func newLogWriter(t testing.TB, prefix string) *logWriter {
-	w := &logWriter{t: t, prefix: prefix}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if len(w.buf) > 0 && !w.done {
-			w.t.Log(w.prefix + string(w.buf))
-		}
-		w.done = true
-	})
-	return w
-}
-
-func (w *logWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return len(p), nil
-	}
-	w.buf = append(w.buf, p...)
-	for {
-		i := strings.IndexByte(string(w.buf), '\n')
-		if i < 0 {
-			break
-		}
-		line := string(w.buf[:i])
-		w.buf = w.buf[i+1:]
-		w.lines++
-		switch {
-		case w.lines < maxLogLines:
-			w.t.Log(w.prefix + line)
-		case w.lines == maxLogLines:
-			w.t.Log(w.prefix + "... (further lines dropped)")
-		}
-	}
-	return len(p), nil
-}
-
-// testLogger is meshfed's logger for one test (MESHFED_INTEROP_DEBUG=1 for debug level).
+// testLogger is meshfed's logger for one test (MESHFED_TEST_DEBUG=1 for debug level).
 func testLogger(t testing.TB, prefix string) *slog.Logger {
-	level := slog.LevelInfo
-	if os.Getenv("MESHFED_INTEROP_DEBUG") != "" {
-		level = slog.LevelDebug
+	if prefix == "" {
+		return testlog.New(t)
 	}
-	return slog.New(slog.NewTextHandler(newLogWriter(t, prefix), &slog.HandlerOptions{Level: level}))
+	return testlog.New(t).With("side", strings.TrimSuffix(prefix, ": "))
 }
 
 // ---- the Istio peer process ----
@@ -281,7 +227,7 @@ func startPeer(t testing.TB, cfg peerConfig) *istioPeer {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGKILL) }
-	cmd.Stderr = newLogWriter(t, "istio "+cfg.mode+": ")
+	cmd.Stderr = testlog.Writer(t, "istio "+cfg.mode+": ")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		cancel()
