@@ -3,12 +3,19 @@
 // replica holds which cluster's live minion stream, with an epoch that orders sessions.
 //
 // It carries membership and that small metadata only, never resource data: resources move
-// between replicas over MCP. Holdings travel in gossip broadcasts while they are small and
-// in memberlist's TCP push/pull (full state) always.
+// between replicas over MCP.
 //
-// Epochs: a replica that takes a cluster's stream holds it at one more than the highest epoch
-// it knows for that cluster, so the newest session wins wherever it started; a replica that
-// leaves or dies drops out of the view with its holdings.
+// Gossip: each change of a holding is one small broadcast (a delta of one cluster, ~80
+// bytes, whatever the number of clusters), and memberlist's TCP push/pull carries each
+// replica's full state as a backstop. Every replica stamps its changes with a version that
+// only grows, and with an incarnation (its start time), so a replica that restarts under the
+// same name before its death was noticed still supersedes what it said before.
+//
+// Epochs: a replica that takes a cluster's session holds it at one more than the highest
+// epoch it has ever seen for that cluster (departed replicas included), so the newest
+// session wins wherever it started; ties (possible only when two sides of a network split
+// took the cluster independently) go to the lower replica name. A replica that leaves or
+// dies drops out of the view with its holdings.
 package replicas
 
 import (
@@ -46,26 +53,94 @@ type Config struct {
 	// KeyFile holds the gossip encryption key (16, 24 or 32 bytes, base64): every replica
 	// must have the same. Empty: unencrypted gossip (logged).
 	KeyFile string
-	// Local tunes memberlist for one machine (fast probes): for tests. Default: LAN.
+	// Local starts from memberlist's local-network defaults (fast probes) instead of its
+	// LAN defaults.
 	Local bool
+	// Tuning overrides the chosen defaults; zero fields keep them.
+	Tuning Tuning
+	// Incarnation orders this replica's lives; default the start time. Tests set it.
+	Incarnation int64
+}
+
+// Tuning is the part of memberlist's failure detection worth changing.
+type Tuning struct {
+	// ProbeInterval between failure probes of a random peer (LAN default 1s).
+	ProbeInterval time.Duration
+	// ProbeTimeout for a probe's answer (LAN default 500ms).
+	ProbeTimeout time.Duration
+	// SuspicionMult scales how long a suspected peer has to refute before it is declared
+	// dead (LAN default 4).
+	SuspicionMult int
+	// GossipInterval between gossip rounds (LAN default 200ms).
+	GossipInterval time.Duration
+	// PushPullInterval between full-state exchanges (LAN default 30s).
+	PushPullInterval time.Duration
 }
 
 // Replica is one member as the view holds it.
 type Replica struct {
 	Name    string            `json:"name"`
 	MCPAddr string            `json:"mcpAddr"`
-	Holding map[string]uint64 `json:"holding"` // cluster -> epoch of its live stream here
+	Holding map[string]uint64 `json:"holding"` // cluster -> epoch of its live session there
 }
 
-// maxBroadcast is the largest state sent as a gossip broadcast.
-const maxBroadcast = 1000
+// hold is one replica's holding of one cluster: Epoch 0 is a release (kept as a tombstone
+// until a full state supersedes it, so an older hold arriving late cannot revive it).
+type hold struct {
+	Epoch uint64 `json:"e"`
+	Ver   uint64 `json:"v"` // the replica's version when it changed
+}
 
-// state is one replica's gossiped holdings; Version orders its updates.
-type state struct {
-	Name    string            `json:"n"`
-	MCPAddr string            `json:"a"`
-	Version uint64            `json:"v"`
-	Holding map[string]uint64 `json:"h"`
+// message is what replicas gossip: a replica's full state (push/pull) or one cluster's
+// change (broadcast).
+type message struct {
+	Name    string          `json:"n"`
+	MCPAddr string          `json:"a,omitempty"`
+	Inc     int64           `json:"i"`
+	Ver     uint64          `json:"v"`
+	Full    bool            `json:"f,omitempty"`
+	Holding map[string]hold `json:"h,omitempty"` // Full: every live holding; else the one changed
+}
+
+// peer is what this replica knows of one replica.
+type peer struct {
+	name    string
+	mcpAddr string
+	inc     int64
+	ver     uint64 // the version of the newest full state merged
+	holding map[string]hold
+}
+
+// MaxMessage bounds a decoded gossip message (memberlist's push/pull is capped too).
+const MaxMessage = 4 << 20
+
+// decode parses one gossip message, refusing anything malformed with a reason.
+func decode(b []byte) (message, error) {
+	var m message
+	if len(b) > MaxMessage {
+		return m, fmt.Errorf("gossip message of %d bytes exceeds %d", len(b), MaxMessage)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("gossip message: %w", err)
+	}
+	if m.Name == "" {
+		return m, errors.New("gossip message without a replica name")
+	}
+	if !m.Full && len(m.Holding) != 1 {
+		return m, fmt.Errorf("gossip delta from %q changes %d clusters, want 1", m.Name, len(m.Holding))
+	}
+	for c, h := range m.Holding {
+		if c == "" {
+			return m, fmt.Errorf("gossip message from %q holds a cluster without a name", m.Name)
+		}
+		if m.Full && h.Epoch == 0 {
+			return m, fmt.Errorf("gossip state from %q lists cluster %q with epoch 0", m.Name, c)
+		}
+		if h.Ver > m.Ver {
+			return m, fmt.Errorf("gossip message from %q: cluster %q changed at version %d, after the message's %d", m.Name, c, h.Ver, m.Ver)
+		}
+	}
+	return m, nil
 }
 
 // Members is this replica's membership. It is safe for concurrent use.
@@ -78,11 +153,12 @@ type Members struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	mu      sync.Mutex // guards the following fields
-	self    state
-	peers   map[string]state // by name, alive members only (and self)
-	gone    map[string]bool  // left or dead since their last join: their late messages are ignored
-	changed chan struct{}
+	mu       sync.Mutex // guards the following fields
+	self     message    // Full, Holding without tombstones
+	peers    map[string]*peer
+	gone     map[string]bool   // left or dead since their last join: their late messages are ignored
+	maxEpoch map[string]uint64 // cluster -> highest epoch ever seen
+	changed  chan struct{}
 }
 
 // Start creates the replica's membership and joins the seeds (those that answer; none
@@ -95,6 +171,7 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	if cfg.Local {
 		mc = memberlist.DefaultLocalConfig()
 	}
+	tune(mc, cfg.Tuning)
 	mc.Name = cfg.Name
 	host, port, err := net.SplitHostPort(cfg.Bind)
 	if err != nil {
@@ -114,20 +191,24 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	} else {
 		logger.Warn("replica gossip is not encrypted (no keyFile)")
 	}
+	if cfg.Incarnation == 0 {
+		cfg.Incarnation = time.Now().UnixNano()
+	}
 	mc.Logger = log.New(io.Discard, "", 0)
-	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]state{}, gone: map[string]bool{}, changed: make(chan struct{}, 1),
-		self: state{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Holding: map[string]uint64{}}}
-	m.peers[cfg.Name] = m.self
+	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]bool{},
+		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1),
+		self: message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	if m.ml, err = memberlist.Create(mc); err != nil {
 		return nil, fmt.Errorf("replicas: %w", err)
 	}
-	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.ml.NumMembers, RetransmitMult: 3}
+	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.ml.NumMembers, RetransmitMult: mc.RetransmitMult}
 	seeds := append([]string(nil), cfg.Seeds...)
 	if cfg.SeedDNS != "" {
 		h, p, err := net.SplitHostPort(cfg.SeedDNS)
 		if err != nil {
+			_ = m.ml.Shutdown()
 			return nil, fmt.Errorf("replicas: seedDNS %q: %v", cfg.SeedDNS, err)
 		}
 		addrs, err := net.LookupHost(h)
@@ -146,6 +227,24 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	return m, nil
 }
 
+func tune(mc *memberlist.Config, t Tuning) {
+	if t.ProbeInterval > 0 {
+		mc.ProbeInterval = t.ProbeInterval
+	}
+	if t.ProbeTimeout > 0 {
+		mc.ProbeTimeout = t.ProbeTimeout
+	}
+	if t.SuspicionMult > 0 {
+		mc.SuspicionMult = t.SuspicionMult
+	}
+	if t.GossipInterval > 0 {
+		mc.GossipInterval = t.GossipInterval
+	}
+	if t.PushPullInterval > 0 {
+		mc.PushPullInterval = t.PushPullInterval
+	}
+}
+
 func readKey(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -161,50 +260,48 @@ func readKey(path string) ([]byte, error) {
 	return key, nil
 }
 
+// Name returns this replica's name.
+func (m *Members) Name() string { return m.cfg.Name }
+
 // Addr returns the gossip address this replica listens on.
 func (m *Members) Addr() string {
 	n := m.ml.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 
-// Hold records that this replica now holds cluster's live stream and returns the session's
-// epoch: one more than any epoch known for the cluster.
+// Hold records that this replica now holds cluster's live session and returns its epoch:
+// one more than any epoch ever seen for the cluster.
 func (m *Members) Hold(cluster string) uint64 {
 	m.mu.Lock()
-	var epoch uint64
-	for _, p := range m.peers {
-		epoch = max(epoch, p.Holding[cluster])
-	}
-	epoch++
-	m.self.Holding[cluster] = epoch
-	m.publishLocked()
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	epoch := m.maxEpoch[cluster] + 1
+	m.maxEpoch[cluster] = epoch
+	m.changeLocked(cluster, epoch)
 	return epoch
 }
 
-// Release records that the stream of epoch ended here (a later session keeps it held).
+// Release records that the session of epoch ended here (a later session keeps it held).
 func (m *Members) Release(cluster string, epoch uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.self.Holding[cluster] != epoch {
+	if h, ok := m.self.Holding[cluster]; !ok || h.Epoch != epoch {
 		return
 	}
-	delete(m.self.Holding, cluster)
-	m.publishLocked()
+	m.changeLocked(cluster, 0)
 }
 
-// publishLocked bumps this replica's version, updates the view and queues a broadcast.
-func (m *Members) publishLocked() {
-	m.self.Version++
-	cp := m.self
-	cp.Holding = make(map[string]uint64, len(m.self.Holding))
-	for k, v := range m.self.Holding {
-		cp.Holding[k] = v
+// changeLocked records a holding change (epoch 0: released) and broadcasts it.
+func (m *Members) changeLocked(cluster string, epoch uint64) {
+	m.self.Ver++
+	h := hold{Epoch: epoch, Ver: m.self.Ver}
+	if epoch == 0 {
+		delete(m.self.Holding, cluster)
+	} else {
+		m.self.Holding[cluster] = h
 	}
-	m.peers[m.self.Name] = cp
-	// Gossip packets are ~1.4 KB: a larger state travels by push/pull only.
-	if b, err := json.Marshal(cp); err == nil && len(b) <= maxBroadcast {
-		m.queue.QueueBroadcast(broadcast{name: cp.Name, msg: b})
+	d := message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}
+	if b, err := json.Marshal(d); err == nil {
+		m.queue.QueueBroadcast(broadcast{name: m.self.Name, cluster: cluster, msg: b})
 	}
 	m.notifyLocked()
 }
@@ -219,29 +316,60 @@ func (m *Members) notifyLocked() {
 // Changed is poked (without blocking) on every change of the view.
 func (m *Members) Changed() <-chan struct{} { return m.changed }
 
-// Authority returns the replica holding cluster with the newest epoch.
-func (m *Members) Authority(cluster string) (replica string, epoch uint64, ok bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for name, p := range m.peers {
-		if e := p.Holding[cluster]; e > epoch || (e == epoch && e > 0 && name < replica) {
-			replica, epoch, ok = name, e, true
+// holdingsLocked calls f for every live holding, this replica's included.
+func (m *Members) holdingsLocked(f func(replica, addr, cluster string, epoch uint64)) {
+	for c, h := range m.self.Holding {
+		f(m.self.Name, m.self.MCPAddr, c, h.Epoch)
+	}
+	for _, p := range m.peers {
+		for c, h := range p.holding {
+			if h.Epoch > 0 {
+				f(p.name, p.mcpAddr, c, h.Epoch)
+			}
 		}
 	}
-	return replica, epoch, ok
+}
+
+// Authority is the replica holding a cluster's newest session.
+type Authority struct {
+	Replica string `json:"replica"`
+	MCPAddr string `json:"mcpAddr"`
+	Epoch   uint64 `json:"epoch"`
+}
+
+// Authorities returns, for every held cluster, the replica holding it with the newest
+// epoch (ties: the lower replica name).
+func (m *Members) Authorities() map[string]Authority {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]Authority{}
+	m.holdingsLocked(func(replica, addr, cluster string, epoch uint64) {
+		a, ok := out[cluster]
+		if !ok || epoch > a.Epoch || (epoch == a.Epoch && replica < a.Replica) {
+			out[cluster] = Authority{Replica: replica, MCPAddr: addr, Epoch: epoch}
+		}
+	})
+	return out
+}
+
+// Authority returns the replica holding cluster with the newest epoch.
+func (m *Members) Authority(cluster string) (replica string, epoch uint64, ok bool) {
+	a, ok := m.Authorities()[cluster]
+	return a.Replica, a.Epoch, ok
 }
 
 // Replicas returns the live replicas (this one included), by name.
 func (m *Members) Replicas() []Replica {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Replica, 0, len(m.peers))
+	byName := map[string]*Replica{m.self.Name: {Name: m.self.Name, MCPAddr: m.self.MCPAddr, Holding: map[string]uint64{}}}
 	for _, p := range m.peers {
-		r := Replica{Name: p.Name, MCPAddr: p.MCPAddr, Holding: map[string]uint64{}}
-		for k, v := range p.Holding {
-			r.Holding[k] = v
-		}
-		out = append(out, r)
+		byName[p.name] = &Replica{Name: p.name, MCPAddr: p.mcpAddr, Holding: map[string]uint64{}}
+	}
+	m.holdingsLocked(func(replica, _, cluster string, epoch uint64) { byName[replica].Holding[cluster] = epoch })
+	out := make([]Replica, 0, len(byName))
+	for _, r := range byName {
+		out = append(out, *r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -259,24 +387,61 @@ func (m *Members) Close() error {
 	return m.closeErr
 }
 
-// merge takes a peer's state if it is newer than the one known.
-func (m *Members) merge(s state) {
-	if s.Name == "" || s.Name == m.cfg.Name {
+// merge applies a peer's full state or delta.
+func (m *Members) merge(b []byte) {
+	msg, err := decode(b)
+	if err != nil {
+		m.log.Warn("ignoring a malformed gossip message", "err", err)
+		return
+	}
+	if msg.Name == m.cfg.Name {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old, ok := m.peers[s.Name]; ok && old.Version >= s.Version {
-		return
-	}
-	if m.gone[s.Name] {
+	if m.gone[msg.Name] {
 		return // a departed replica's late message must not bring it back
 	}
-	if s.Holding == nil {
-		s.Holding = map[string]uint64{}
+	p := m.peers[msg.Name]
+	if p == nil {
+		p = &peer{name: msg.Name, holding: map[string]hold{}}
+		m.peers[msg.Name] = p
 	}
-	m.peers[s.Name] = s
-	m.notifyLocked()
+	switch {
+	case msg.Inc < p.inc:
+		return // from an earlier life
+	case msg.Inc > p.inc:
+		p.inc, p.ver, p.holding = msg.Inc, 0, map[string]hold{}
+	}
+	if msg.MCPAddr != "" {
+		p.mcpAddr = msg.MCPAddr
+	}
+	changed := false
+	for c, h := range msg.Holding {
+		if h.Epoch > m.maxEpoch[c] {
+			m.maxEpoch[c] = h.Epoch
+		}
+		old, ok := p.holding[c]
+		if !ok {
+			old.Ver = p.ver // a full state at least this new did not list it
+		}
+		if h.Ver > old.Ver {
+			p.holding[c] = h
+			changed = changed || old.Epoch != h.Epoch
+		}
+	}
+	if msg.Full && msg.Ver > p.ver {
+		p.ver = msg.Ver
+		for c, h := range p.holding {
+			if _, listed := msg.Holding[c]; !listed && h.Ver <= msg.Ver {
+				delete(p.holding, c) // released before this state
+				changed = changed || h.Epoch > 0
+			}
+		}
+	}
+	if changed {
+		m.notifyLocked()
+	}
 }
 
 type delegate struct{ m *Members }
@@ -289,31 +454,21 @@ func (d delegate) NodeMeta(limit int) []byte {
 	return []byte(d.m.cfg.MCPAddr)
 }
 
-func (d delegate) NotifyMsg(b []byte) {
-	var s state
-	if json.Unmarshal(b, &s) == nil {
-		d.m.merge(s)
-	}
-}
+func (d delegate) NotifyMsg(b []byte) { d.m.merge(b) }
 
 func (d delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return d.m.queue.GetBroadcasts(overhead, limit)
 }
 
-// LocalState is this replica's own state, for push/pull (TCP, any size).
+// LocalState is this replica's own full state, for push/pull (TCP, any size).
 func (d delegate) LocalState(bool) []byte {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
-	b, _ := json.Marshal(d.m.peers[d.m.cfg.Name])
+	b, _ := json.Marshal(d.m.self)
 	return b
 }
 
-func (d delegate) MergeRemoteState(b []byte, _ bool) {
-	var s state
-	if json.Unmarshal(b, &s) == nil {
-		d.m.merge(s)
-	}
-}
+func (d delegate) MergeRemoteState(b []byte, _ bool) { d.m.merge(b) }
 
 type events struct{ m *Members }
 
@@ -324,7 +479,8 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	defer e.m.mu.Unlock()
 	delete(e.m.gone, n.Name)
 	if _, ok := e.m.peers[n.Name]; !ok && n.Name != e.m.cfg.Name {
-		e.m.peers[n.Name] = state{Name: n.Name, MCPAddr: string(n.Meta), Holding: map[string]uint64{}}
+		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}}
+		e.m.log.Info("replica joined", "peer", n.Name, "mcp_addr", string(n.Meta))
 		e.m.notifyLocked()
 	}
 }
@@ -339,7 +495,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	e.m.gone[n.Name] = true
 	if _, ok := e.m.peers[n.Name]; ok {
 		delete(e.m.peers, n.Name)
-		e.m.log.Warn("replica left", "peer", n.Name)
+		e.m.log.Warn("replica left or died", "peer", n.Name)
 		e.m.notifyLocked()
 	}
 }
@@ -348,20 +504,19 @@ func (e events) NotifyUpdate(n *memberlist.Node) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
 	if p, ok := e.m.peers[n.Name]; ok && n.Name != e.m.cfg.Name {
-		p.MCPAddr = string(n.Meta)
-		e.m.peers[n.Name] = p
+		p.mcpAddr = string(n.Meta)
 	}
 }
 
-// broadcast is one replica's state; a newer one of the same replica replaces it.
+// broadcast is one replica's change of one cluster; a newer one replaces it in the queue.
 type broadcast struct {
-	name string
-	msg  []byte
+	name, cluster string
+	msg           []byte
 }
 
 func (b broadcast) Invalidates(o memberlist.Broadcast) bool {
 	ob, ok := o.(broadcast)
-	return ok && ob.name == b.name
+	return ok && ob.name == b.name && ob.cluster == b.cluster
 }
 func (b broadcast) Message() []byte { return b.msg }
 func (b broadcast) Finished()       {}

@@ -3,6 +3,7 @@ package replicas
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"go.uber.org/goleak"
 )
 
@@ -31,7 +33,12 @@ func keyFile(t *testing.T) string {
 
 func start(t *testing.T, name, key string, seeds ...string) *Members {
 	t.Helper()
-	m, err := Start(Config{Name: name, Bind: "127.0.0.1:0", MCPAddr: "127.0.0.1:1" + name, Seeds: seeds, KeyFile: key, Local: true}, quiet())
+	return startWith(t, Config{Name: name, Bind: "127.0.0.1:0", MCPAddr: "127.0.0.1:1" + name, Seeds: seeds, KeyFile: key, Local: true})
+}
+
+func startWith(t *testing.T, cfg Config) *Members {
+	t.Helper()
+	m, err := Start(cfg, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,4 +145,106 @@ func TestKeyFileErrors(t *testing.T) {
 	if _, err := Start(Config{Bind: "127.0.0.1:0"}, quiet()); err == nil {
 		t.Fatal("no name accepted")
 	}
+}
+
+// A replica that restarts under the same name (and address) before its death is noticed
+// starts its versions again from 1: its new incarnation must still replace what it said in
+// its earlier life.
+func TestRestartUnderTheSameName(t *testing.T) {
+	key := keyFile(t)
+	a := start(t, "a", key)
+	b1 := startWith(t, Config{Name: "b", Bind: "127.0.0.1:0", MCPAddr: "b1", Seeds: []string{a.Addr()}, KeyFile: key, Local: true, Incarnation: 1})
+	for _, c := range []string{"east", "west", "north"} {
+		b1.Hold(c)
+	}
+	eventually(t, "a sees b hold three clusters", func() bool { return len(a.Authorities()) == 3 })
+	addr := b1.Addr()
+	b1.closeOnce.Do(func() { _ = b1.ml.Shutdown() }) // dies without leaving
+	b2 := startWith(t, Config{Name: "b", Bind: addr, MCPAddr: "b2", Seeds: []string{a.Addr()}, KeyFile: key, Local: true, Incarnation: 2})
+	e := b2.Hold("south") // version 1 of the new life: lower than the old life's 3
+	eventually(t, "a sees only b's new life", func() bool {
+		auth := a.Authorities()
+		return len(auth) == 1 && auth["south"] == Authority{Replica: "b", MCPAddr: "b2", Epoch: e}
+	})
+}
+
+// Deltas may arrive out of order and full states may be older or newer than them: the view
+// is the same whatever the order.
+func TestMergeOrder(t *testing.T) {
+	enc := func(m message) []byte {
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	hold1 := enc(message{Name: "b", Inc: 5, Ver: 1, Holding: map[string]hold{"east": {Epoch: 3, Ver: 1}}})
+	release2 := enc(message{Name: "b", Inc: 5, Ver: 2, Holding: map[string]hold{"east": {Ver: 2}}})
+	hold3 := enc(message{Name: "b", Inc: 5, Ver: 3, Holding: map[string]hold{"west": {Epoch: 1, Ver: 3}}})
+	full3 := enc(message{Name: "b", Inc: 5, Ver: 3, Full: true, Holding: map[string]hold{"west": {Epoch: 1, Ver: 3}}})
+	full1 := enc(message{Name: "b", Inc: 5, Ver: 1, Full: true, Holding: map[string]hold{"east": {Epoch: 3, Ver: 1}}})
+	oldLife := enc(message{Name: "b", Inc: 4, Ver: 9, Full: true, Holding: map[string]hold{"north": {Epoch: 7, Ver: 9}}})
+	orders := [][][]byte{
+		{hold1, release2, hold3},
+		{hold3, release2, hold1},
+		{release2, hold1, hold3, oldLife},
+		{full1, hold3, release2},
+		{full3, hold1},
+		{oldLife, hold1, full3},
+		{hold1, full1, full3, release2, hold1},
+	}
+	for i, order := range orders {
+		m := offline()
+		for _, b := range order {
+			m.merge(b)
+		}
+		got := fmt.Sprint(m.Authorities())
+		if want := fmt.Sprint(map[string]Authority{"west": {Replica: "b", Epoch: 1}}); got != want {
+			t.Errorf("order %d: %s, want %s", i, got, want)
+		}
+		// Whatever it saw, a's next session of east is newer than b's 3 (north's 7 was seen
+		// only in an older life when that message came first).
+		if e := m.Hold("east"); e != 4 {
+			t.Errorf("order %d: east epoch %d, want 4", i, e)
+		}
+	}
+}
+
+func TestDecodeRefusesMalformed(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{`, "gossip message"},
+		{`{"i":1}`, "without a replica name"},
+		{`{"n":"b","v":1}`, "changes 0 clusters"},
+		{`{"n":"b","v":1,"h":{"":{"e":1,"v":1}}}`, "without a name"},
+		{`{"n":"b","v":1,"f":true,"h":{"x":{"e":0,"v":1}}}`, "epoch 0"},
+		{`{"n":"b","v":1,"h":{"x":{"e":1,"v":2}}}`, "after the message's 1"},
+	} {
+		if _, err := decode([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("decode(%s) = %v, want an error containing %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+func FuzzMerge(f *testing.F) {
+	f.Add([]byte(`{"n":"b","i":1,"v":2,"f":true,"h":{"east":{"e":3,"v":2}}}`))
+	f.Add([]byte(`{"n":"b","i":1,"v":3,"h":{"east":{"e":0,"v":3}}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m := offline()
+		m.merge(b)
+		for c, a := range m.Authorities() {
+			if a.Epoch == 0 || c == "" {
+				t.Fatalf("authority %+v for %q", a, c)
+			}
+			if e := m.Hold(c); e <= a.Epoch {
+				t.Fatalf("new epoch %d not above %d", e, a.Epoch)
+			}
+		}
+	})
+}
+
+// offline is a Members without memberlist, for merge tests.
+func offline() *Members {
+	return &Members{cfg: Config{Name: "a"}, log: quiet(), peers: map[string]*peer{}, gone: map[string]bool{}, maxEpoch: map[string]uint64{},
+		changed: make(chan struct{}, 1), self: message{Name: "a", Full: true, Holding: map[string]hold{}},
+		queue: &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 1 }, RetransmitMult: 1}}
 }
