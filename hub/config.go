@@ -99,6 +99,9 @@ type Config struct {
 	// Limits on new streams per peer (authenticated identity, else IP address); excess
 	// streams are refused with ResourceExhausted.
 	Limits LimitsConfig `json:"limits,omitempty"`
+	// Replicas makes this hub one replica of several acting as one hub (see
+	// ReplicasConfig). Absent: a single hub.
+	Replicas *ReplicasConfig `json:"replicas,omitempty"`
 }
 
 // LimitsConfig bounds how fast one peer may open streams (Istio's sinks redial in a tight
@@ -381,6 +384,9 @@ func (c *Config) compile() (*compiled, error) {
 		if !names[p] {
 			return nil, fmt.Errorf("conflicts.priority[%d]: %q is not a configured cluster", i, p)
 		}
+	}
+	if err := c.Replicas.validate(c); err != nil {
+		return nil, err
 	}
 	var err error
 	if out.policy, err = acl.New(owners, acl.Options{DomainSuffix: c.DomainSuffix}); err != nil {

@@ -3,6 +3,7 @@ package hub
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/meshfed/meshfed/hub/replicas"
 	"io"
 	"net/http"
 	"sort"
@@ -116,11 +117,18 @@ func (h *Hub) Clusters() []ClusterStatus {
 			lost[l][c.Collection][c.Name] = c.Winner
 		}
 	}
+	var auth map[string]replicas.Authority
+	if h.mem() != nil {
+		auth = h.mem().Authorities()
+	}
 	cl := h.clusterList()
 	out := make([]ClusterStatus, 0, len(cl))
 	for _, cs := range cl {
 		st := cs.status(h.store.counts(cs.name))
 		st.Conflicts = lost[cs.name]
+		if a, ok := auth[cs.name]; ok {
+			st.HeldBy = &a
+		}
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -193,6 +201,14 @@ func (h *Hub) httpHandler() http.Handler {
 	})
 	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Clusters()) })
 	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Sinks()) })
+	mux.HandleFunc("/api/replicas", func(w http.ResponseWriter, _ *http.Request) {
+		st := h.Replicas()
+		if st == nil {
+			http.Error(w, "this hub is not configured with replicas", http.StatusNotFound)
+			return
+		}
+		writeJSON(w, st)
+	})
 	mux.HandleFunc("/api/why", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		if q.Get("collection") == "" || q.Get("name") == "" {

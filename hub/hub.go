@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshfed/meshfed/hub/replicas"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
@@ -54,6 +55,12 @@ type Hub struct {
 	health     *health.Server
 
 	started time.Time
+
+	// Replicas (nil for a single hub): the membership, the source serving peers the
+	// clusters this replica holds, and a poke for followPeers.
+	members  atomic.Pointer[replicas.Members] // set once by Run, before any stream
+	peerSrc  *mcp.Source
+	followed chan struct{}
 
 	mu         sync.Mutex // guards the following fields
 	ready      bool
@@ -107,6 +114,16 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 		Hooks: h.sinks.hooks()})
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Replicas != nil {
+		h.store.feeds = map[string]*mcp.Cache{}
+		h.followed = make(chan struct{}, 1)
+		// A cluster's first push to a peer is its whole store: allow what ingest allows.
+		h.peerSrc, err = mcp.NewSource(mcp.SourceOptions{Watcher: feedRouter{h}, MaxMessageSize: h.maxRecv, Logger: log.With("role", "replica"),
+			Metrics: h.mcpMetrics})
+		if err != nil {
+			return nil, err
+		}
 	}
 	return h, nil
 }
@@ -294,6 +311,15 @@ func (h *Hub) Run(ctx context.Context) error {
 	xds.Register(serve)
 	healthpb.RegisterHealthServer(serve, h.health)
 
+	if h.peerSrc != nil {
+		// Peers follow the clusters this replica holds on the ingest listener; a replica
+		// opens one stream per cluster at once, so the per-peer limit is far higher.
+		pc := h.serverConfig(h.authenticatePeer)
+		pc.StreamRate, pc.StreamBurst = 1000, 10000
+		mcp.NewSourceServer(h.peerSrc, pc).Register(ingest)
+	}
+
+	listeners := map[*grpc.Server]net.Listener{}
 	for _, l := range []struct {
 		name string
 		addr string
@@ -302,14 +328,37 @@ func (h *Hub) Run(ctx context.Context) error {
 	}{{"ingest", h.cfg.Ingest, ingest, &h.ingestAddr}, {"serve", h.cfg.Serve, serve, &h.serveAddr}} {
 		lis, err := net.Listen("tcp", l.addr)
 		if err != nil {
+			for _, o := range listeners {
+				_ = o.Close()
+			}
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
 		h.mu.Lock()
 		*l.set = lis.Addr().String()
 		h.mu.Unlock()
 		h.log.Info("listening", "listener", l.name, "addr", lis.Addr().String())
-		g.Go(func() error { return l.srv.Serve(lis) })
-		g.Go(func() error { <-ctx.Done(); l.srv.Stop(); return nil })
+		listeners[l.srv] = lis
+	}
+	if h.cfg.Replicas != nil {
+		// Before any stream is served: sessions are held in the membership from the first.
+		if err := h.startReplicas(h.ingestAddr); err != nil {
+			for _, o := range listeners {
+				_ = o.Close()
+			}
+			return err
+		}
+		g.Go(func() error { h.followPeers(ctx); return nil })
+		g.Go(func() error {
+			<-ctx.Done()
+			if err := h.mem().Close(); err != nil {
+				h.log.Warn("leaving the replicas", "err", err)
+			}
+			return nil
+		})
+	}
+	for srv, lis := range listeners {
+		g.Go(func() error { return srv.Serve(lis) })
+		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
 	if h.cfg.HTTP != "" {
 		addr, err := ops.ServeHTTP(ctx, g, h.cfg.HTTP, h.httpHandler())
@@ -455,6 +504,9 @@ func devCertificates(cfg *Config, log *slog.Logger) (meshtls.Files, error) {
 		}
 	}
 	name, _ := os.Hostname()
+	if cfg.Replicas != nil {
+		name = cfg.Replicas.Name // its peers know it by it
+	}
 	if name == "" {
 		name = "hub"
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/replicas"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -34,6 +35,8 @@ type clusterState struct {
 	rejections     map[string]map[string]string
 	received       map[*mcp.Sink]map[string]bool // per open stream: collections pushed so far
 	open           map[*mcp.StreamInfo]bool      // open ingest streams, to close on a reload
+	sessions       map[*mcp.Sink]uint64          // minion streams that synced: the epoch held for each
+	follows        map[*mcp.Sink]*follow         // open streams from the replica holding the cluster
 }
 
 // closeStreams ends the cluster's ingest streams: its minion reconnects and resumes,
@@ -65,6 +68,9 @@ type ClusterStatus struct {
 	// Conflicts are resources held but not served because another cluster's resource of
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+	// HeldBy is, with replicas, the replica holding the cluster's newest minion session
+	// (every other replica follows the cluster from it); absent when none holds it.
+	HeldBy *replicas.Authority `json:"heldBy,omitempty"`
 }
 
 func (cs *clusterState) status(counts map[string]int) ClusterStatus {
@@ -156,13 +162,30 @@ func (h *Hub) newClusterSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink
 
 // clusterSink returns a Sink for one stream of cs, dialed in or polled.
 func (h *Hub) clusterSink(cs *clusterState) (*mcp.Sink, error) {
+	return h.newSink(cs, nil, &mcppb.SinkNode{Id: "meshfed-hub"})
+}
+
+// forwardSink returns a Sink for one stream of f, from the replica holding cs.
+func (h *Hub) forwardSink(cs *clusterState, f *follow) (*mcp.Sink, error) {
+	return h.newSink(cs, f, h.forwardNode(cs.name))
+}
+
+// newSink builds the sink of one stream of cs: from its minion (f nil) or from the replica
+// holding it. It requests every served collection, declares what the hub holds for cs (so
+// the other side resumes) and applies pushes through the ACL into the store.
+func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.Sink, error) {
 	name := cs.name
 	var sink *mcp.Sink
 	var err error
 	sink, err = mcp.NewSink(mcp.SinkOptions{
-		Collections:     h.cfg.Collections,
-		Node:            &mcppb.SinkNode{Id: "meshfed-hub"},
-		Applier:         mcp.ApplierFunc(func(ctx context.Context, c *mcp.Change) error { return h.applyCluster(cs, sink, c) }),
+		Collections: h.cfg.Collections,
+		Node:        node,
+		Applier: mcp.ApplierFunc(func(ctx context.Context, c *mcp.Change) error {
+			if f != nil && f.retired.Load() {
+				return nil // superseded by a newer session's stream
+			}
+			return h.applyCluster(cs, sink, c)
+		}),
 		InitialVersions: func(coll string) map[string]string { return h.store.versions(name, coll) },
 		MaxMessageSize:  h.maxRecv,
 		Logger:          cs.log,
@@ -174,6 +197,12 @@ func (h *Hub) clusterSink(cs *clusterState) (*mcp.Sink, error) {
 					cs.open = map[*mcp.StreamInfo]bool{}
 				}
 				cs.open[i] = true
+				if f != nil {
+					if cs.follows == nil {
+						cs.follows = map[*mcp.Sink]*follow{}
+					}
+					cs.follows[sink] = f
+				}
 				cs.mu.Unlock()
 				h.clusterConnected(cs, true)
 			},
@@ -181,7 +210,13 @@ func (h *Hub) clusterSink(cs *clusterState) (*mcp.Sink, error) {
 				cs.mu.Lock()
 				delete(cs.received, sink)
 				delete(cs.open, i)
+				delete(cs.follows, sink)
+				epoch, held := cs.sessions[sink]
+				delete(cs.sessions, sink)
 				cs.mu.Unlock()
+				if held {
+					h.mem().Release(name, epoch)
+				}
 				h.clusterConnected(cs, false)
 			},
 		},
@@ -287,7 +322,10 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 }
 
 // noteSynced marks the cluster synced once one stream has delivered every collection
-// (accepted or not: a permanently rejected resource must not hold the hub's warm-up).
+// (accepted or not: a permanently rejected resource must not hold the hub's warm-up). A
+// replica's minion stream that has delivered everything holds the cluster's session (the
+// newest epoch: peers now follow this replica for it, and this replica stops following
+// theirs); a follower stream that has, lets the follow it replaces go.
 func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 	cs.mu.Lock()
 	if cs.received == nil {
@@ -298,12 +336,40 @@ func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 		got = map[string]bool{}
 		cs.received[sink] = got
 	}
+	before := len(got)
 	got[collection] = true
-	newly := !cs.everSynced && len(got) == len(h.cfg.Collections)
+	complete := before < len(h.cfg.Collections) && len(got) == len(h.cfg.Collections)
+	newly := !cs.everSynced && complete
 	if newly {
 		cs.everSynced = true
 	}
+	f := cs.follows[sink]
+	local := complete && f == nil && h.mem() != nil && sink != nil
+	if local {
+		for _, other := range cs.follows {
+			other.retired.Store(true) // this session is newer than what they carry
+		}
+	}
 	cs.mu.Unlock()
+	switch {
+	case complete && f != nil:
+		f.synced.Store(true)
+		h.pokeFollows()
+	case local:
+		epoch := h.mem().Hold(cs.name)
+		cs.mu.Lock()
+		if cs.open != nil && cs.received[sink] != nil { // still open
+			if cs.sessions == nil {
+				cs.sessions = map[*mcp.Sink]uint64{}
+			}
+			cs.sessions[sink] = epoch
+			cs.mu.Unlock()
+			cs.log.Info("holding the cluster's session", "epoch", epoch)
+		} else {
+			cs.mu.Unlock()
+			h.mem().Release(cs.name, epoch)
+		}
+	}
 	if newly {
 		cs.log.Info("cluster synced")
 		h.checkReady()

@@ -93,6 +93,7 @@ func restartOnly(old, next *Config) error {
 		{"maxMessageSize", old.MaxMessageSize, next.MaxMessageSize}, {"dialSinks", old.DialSinks, next.DialSinks},
 		{"poll", old.Poll, next.Poll}, {"backoff", old.Backoff.Initial.Duration, next.Backoff.Initial.Duration},
 		{"backoff", old.Backoff.Max.Duration, next.Backoff.Max.Duration}, {"limits", old.Limits, next.Limits},
+		{"replicas", old.Replicas, next.Replicas},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {
 			return fmt.Errorf("%s: changing it needs a restart of the hub; the running configuration stays", f.name)

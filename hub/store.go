@@ -135,6 +135,9 @@ type store struct {
 	views map[string]*view // subset key -> view
 	// conflicting counts the collection/names held by more than one cluster.
 	conflicting int
+	// feeds (replicas only, else nil): per cluster, its resources as received, which
+	// peers follow.
+	feeds map[string]*mcp.Cache
 }
 
 func newStore(collections []string, policy ConflictPolicy, log *slog.Logger, m *Metrics) *store {
@@ -183,11 +186,14 @@ func (s *store) apply(cluster, collection string, put []*resource, remove []stri
 			}
 		}
 	}
+	var feedPut []*mcp.Entry
+	var feedRemove []string
 	for _, n := range remove {
 		if old := held[n]; old != nil {
 			delete(held, n)
 			s.dropCandidateLocked(old)
 			touched[n] = true
+			feedRemove = append(feedRemove, n)
 		}
 	}
 	for _, r := range put {
@@ -200,8 +206,10 @@ func (s *store) apply(cluster, collection string, put []*resource, remove []stri
 		held[r.name] = r
 		s.addCandidateLocked(r)
 		touched[r.name] = true
+		feedPut = append(feedPut, r.received)
 	}
 	s.publishLocked(collection, touched)
+	s.feedLocked(cluster, collection, feedPut, feedRemove)
 	var lost []Conflict
 	for _, r := range put {
 		if h := held[r.name]; h != nil {
@@ -212,6 +220,31 @@ func (s *store) apply(cluster, collection string, put []*resource, remove []stri
 	}
 	sort.Slice(lost, func(i, j int) bool { return lost[i].Name < lost[j].Name })
 	return lost
+}
+
+// feedLocked brings cluster's feed up to date, if replicas follow it.
+func (s *store) feedLocked(cluster, collection string, put []*mcp.Entry, remove []string) {
+	if s.feeds == nil || (len(put) == 0 && len(remove) == 0) {
+		return
+	}
+	sort.Strings(remove)
+	s.feedOfLocked(cluster).Update(collection, put, remove)
+}
+
+func (s *store) feedOfLocked(cluster string) *mcp.Cache {
+	f := s.feeds[cluster]
+	if f == nil {
+		f = mcp.NewCache(s.collections...)
+		s.feeds[cluster] = f
+	}
+	return f
+}
+
+// feed returns cluster's resources as received, for peers to follow (replicas only).
+func (s *store) feed(cluster string) *mcp.Cache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.feedOfLocked(cluster)
 }
 
 // dropCluster removes what cluster holds in the given collections (staleness).
@@ -424,6 +457,7 @@ func (s *store) recheck(check func(*resource) error) map[string][]refusal {
 				}
 				delete(held, name)
 				s.dropCandidateLocked(r)
+				s.feedLocked(cluster, coll, nil, []string{name})
 				if touched[coll] == nil {
 					touched[coll] = map[string]bool{}
 				}

@@ -247,6 +247,12 @@ func (ss *sourceStream) handle(req *mcppb.RequestResources) error {
 			m.ignored("too_many_collections")
 			return nil
 		}
+		if cw, ok := ss.src.opts.Watcher.(CheckingWatcher); ok {
+			if err := cw.Check(ss.info, name); err != nil {
+				ss.log.Warn("subscription refused", logCollection, name, logError, err)
+				return err
+			}
+		}
 		ss.subscribe(name, req)
 		return nil
 	}

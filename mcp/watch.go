@@ -16,6 +16,16 @@ type Watcher interface {
 	Watch(info *StreamInfo, collection string, notify func()) (c Collection, cancel func(), ok bool)
 }
 
+// CheckingWatcher is a Watcher that may refuse a stream's subscription to a collection:
+// when Check returns an error the stream ends with it (its gRPC status, if it carries one)
+// and nothing is sent for the collection. For a store that must answer "not here" rather
+// than an empty state a sink would apply as deletions (a hub replica asked for a cluster it
+// does not hold).
+type CheckingWatcher interface {
+	Watcher
+	Check(info *StreamInfo, collection string) error
+}
+
 // Collection is the live, versioned state of one collection as one stream sees it.
 // Implementations must be safe for concurrent use.
 type Collection interface {

@@ -280,6 +280,14 @@ func (m *Members) Hold(cluster string) uint64 {
 	return epoch
 }
 
+// Holds reports whether this replica holds cluster's session (whatever the others hold).
+func (m *Members) Holds(cluster string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.self.Holding[cluster]
+	return ok
+}
+
 // Release records that the session of epoch ended here (a later session keeps it held).
 func (m *Members) Release(cluster string, epoch uint64) {
 	m.mu.Lock()

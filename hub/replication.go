@@ -1,0 +1,346 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/hub/replicas"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	meshtls "github.com/meshfed/meshfed/tls"
+)
+
+// ForwardClusterAnnotation names, in the SinkNode of a replica-to-replica stream, the
+// cluster whose store the stream follows.
+const ForwardClusterAnnotation = "meshfed.io/forward-cluster"
+
+// ReplicasConfig makes a hub one replica of several that act as one hub: any minion and any
+// sink may use any replica. Every replica must run the same configuration otherwise.
+//
+// Membership and failure detection are hashicorp/memberlist's (gossip); a cluster's
+// resources travel between replicas over MCP, on the ingest listener, from the replica
+// holding the cluster's newest minion session to every other one.
+type ReplicasConfig struct {
+	// Name is this replica's unique name; its identity is spiffe://<trustDomain>/hub/<name>
+	// (the certificate it presents to its peers). Default: the host name.
+	Name string `json:"name,omitempty"`
+	// Gossip is the memberlist address (UDP and TCP). Default 0.0.0.0:7946.
+	Gossip string `json:"gossip,omitempty"`
+	// Advertise is the address (host:port) peers dial to reach this replica's ingest
+	// listener. Default: the ingest listener's address, with the host name when it listens
+	// on every interface.
+	Advertise string `json:"advertise,omitempty"`
+	// Seeds are other replicas' gossip addresses; SeedDNS a name:port resolving to them
+	// (a Kubernetes headless Service). Unreachable seeds are not an error: the first
+	// replica has none to join.
+	Seeds   []string `json:"seeds,omitempty"`
+	SeedDNS string   `json:"seedDNS,omitempty"`
+	// KeyFile holds the gossip encryption key, base64 of 16, 24 or 32 bytes, the same on
+	// every replica. Without it gossip is plaintext (logged).
+	KeyFile string `json:"keyFile,omitempty"`
+	// Profile picks memberlist's defaults: "lan" (the default: 1 s probes, ~5 s to
+	// declare a silent replica dead) or "local" (one machine or a fast network).
+	Profile string `json:"profile,omitempty"`
+	// ProbeInterval, ProbeTimeout, SuspicionMult, GossipInterval and PushPullInterval
+	// override the profile's failure detection and gossip timing.
+	ProbeInterval    Duration `json:"probeInterval,omitempty"`
+	ProbeTimeout     Duration `json:"probeTimeout,omitempty"`
+	SuspicionMult    int      `json:"suspicionMult,omitempty"`
+	GossipInterval   Duration `json:"gossipInterval,omitempty"`
+	PushPullInterval Duration `json:"pushPullInterval,omitempty"`
+}
+
+func (r *ReplicasConfig) validate(c *Config) error {
+	if r == nil {
+		return nil
+	}
+	if r.Name == "" {
+		r.Name, _ = os.Hostname()
+	}
+	if r.Name == "" || strings.ContainsAny(r.Name, "/:?# ") {
+		return fmt.Errorf("replicas.name: %q is not a valid replica name (it becomes spiffe://<trustDomain>/hub/<name>)", r.Name)
+	}
+	if c.TrustDomain == "" && !c.Insecure {
+		return errors.New("replicas: trustDomain is required: replicas authenticate each other as spiffe://<trustDomain>/hub/<name>")
+	}
+	if r.Gossip == "" {
+		r.Gossip = "0.0.0.0:7946"
+	}
+	addrs := map[string]string{"replicas.gossip": r.Gossip, "replicas.advertise": r.Advertise, "replicas.seedDNS": r.SeedDNS}
+	for i, s := range r.Seeds {
+		addrs[fmt.Sprintf("replicas.seeds[%d]", i)] = s
+	}
+	for field, a := range addrs {
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%s: %v", field, err)
+		}
+	}
+	switch r.Profile {
+	case "":
+		r.Profile = "lan"
+	case "lan", "local":
+	default:
+		return fmt.Errorf("replicas.profile: %q: want lan or local", r.Profile)
+	}
+	for field, d := range map[string]*Duration{"replicas.probeInterval": &r.ProbeInterval, "replicas.probeTimeout": &r.ProbeTimeout,
+		"replicas.gossipInterval": &r.GossipInterval, "replicas.pushPullInterval": &r.PushPullInterval} {
+		if err := d.Check(field); err != nil {
+			return err
+		}
+	}
+	if r.SuspicionMult < 0 {
+		return fmt.Errorf("replicas.suspicionMult: %d is negative", r.SuspicionMult)
+	}
+	return nil
+}
+
+// mem returns the replicas' membership: nil for a single hub, and until Run starts it.
+func (h *Hub) mem() *replicas.Members { return h.members.Load() }
+
+// replicaID is this replica's identity: spiffe://<trustDomain>/hub/<name>, or, in insecure
+// mode without a trust domain, hub/<name> (like clusters' bare names there).
+func (h *Hub) replicaID() string {
+	if h.cfg.TrustDomain == "" {
+		return meshtls.KindHub + "/" + h.cfg.Replicas.Name
+	}
+	return meshtls.ID(h.cfg.TrustDomain, meshtls.KindHub, h.cfg.Replicas.Name)
+}
+
+// isReplica reports whether id is a replica's identity.
+func (h *Hub) isReplica(id string) bool {
+	if h.cfg.TrustDomain == "" {
+		name, ok := strings.CutPrefix(id, meshtls.KindHub+"/")
+		return ok && name != ""
+	}
+	k, _, _ := meshtls.ParseID(h.cfg.TrustDomain, id)
+	return k == meshtls.KindHub
+}
+
+// startReplicas joins the replicas' membership, advertising ingest (the bound address).
+func (h *Hub) startReplicas(ingest string) error {
+	rc := h.cfg.Replicas
+	adv := rc.Advertise
+	if adv == "" {
+		host, port, _ := net.SplitHostPort(ingest)
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			if host, _ = os.Hostname(); host == "" {
+				return errors.New("replicas.advertise: required: the ingest listener listens on every interface and the host has no name")
+			}
+		}
+		adv = net.JoinHostPort(host, port)
+	}
+	m, err := replicas.Start(replicas.Config{Name: rc.Name, Bind: rc.Gossip, MCPAddr: adv, Seeds: rc.Seeds, SeedDNS: rc.SeedDNS,
+		KeyFile: rc.KeyFile, Local: rc.Profile == "local", Tuning: replicas.Tuning{ProbeInterval: rc.ProbeInterval.Duration,
+			ProbeTimeout: rc.ProbeTimeout.Duration, SuspicionMult: rc.SuspicionMult, GossipInterval: rc.GossipInterval.Duration,
+			PushPullInterval: rc.PushPullInterval.Duration}}, h.log)
+	if err != nil {
+		return err
+	}
+	h.members.Store(m)
+	h.log.Info("replica started", "replica", rc.Name, "gossip", m.Addr(), "advertise", adv, "identity", h.replicaID())
+	return nil
+}
+
+// authenticatePeer admits a replica-to-replica stream only from a hub identity of the trust
+// domain (in insecure mode too: the claimed identity must still be a replica's).
+func (h *Hub) authenticatePeer(ctx context.Context) (string, error) {
+	id, err := peerIdentity(ctx, h.cfg.Insecure)
+	if err != nil {
+		return "", err
+	}
+	if !h.isReplica(id) {
+		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a hub replica identity (%s): only replicas may follow a cluster's store",
+			id, strings.TrimSuffix(h.replicaID(), h.cfg.Replicas.Name)+"NAME")
+	}
+	return id, nil
+}
+
+// feedRouter serves the replica-to-replica streams: each follows one cluster's resources
+// as this replica received them, and only while this replica holds the cluster's session.
+type feedRouter struct{ h *Hub }
+
+// Check refuses a stream for a cluster this replica does not hold: an empty answer would
+// read as deletions at the follower.
+func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
+	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
+	if f.h.cluster(cluster) == nil {
+		return status.Errorf(codes.InvalidArgument, "%s %q is not a configured cluster", ForwardClusterAnnotation, cluster)
+	}
+	if !f.h.mem().Holds(cluster) {
+		return status.Errorf(codes.FailedPrecondition, "replica %q does not hold cluster %q's session", f.h.cfg.Replicas.Name, cluster)
+	}
+	return nil
+}
+
+// Watch implements mcp.Watcher.
+func (f feedRouter) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
+	return f.h.store.feed(info.Node().GetAnnotations()[ForwardClusterAnnotation]).Watch(info, collection, notify)
+}
+
+// follow is one replica-to-replica stream of one cluster from the replica holding it.
+type follow struct {
+	cluster, replica, addr string
+	cancel                 context.CancelFunc
+	done                   chan struct{}
+	synced                 atomic.Bool // a stream delivered every collection
+	retired                atomic.Bool // superseded: its pushes are no longer applied
+}
+
+func (f *follow) stop() {
+	f.retired.Store(true)
+	f.cancel()
+}
+
+// followPeers keeps, for every cluster another replica holds, a stream from that replica
+// (its authority). When the authority changes, the old stream stays until the new one has
+// delivered every collection, so the cluster's resources never go missing in between; when
+// no replica holds the cluster any more, the streams stop and the copy stays, served under
+// the staleness policy. A cluster this replica holds itself is followed from nowhere.
+func (h *Hub) followPeers(ctx context.Context) {
+	follows := map[string][]*follow{}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		h.reconcileFollows(ctx, follows, &wg)
+		select {
+		case <-ctx.Done():
+			for _, fs := range follows {
+				for _, f := range fs {
+					f.stop()
+				}
+			}
+			return
+		case <-h.mem().Changed():
+		case <-h.followed:
+		case <-tick.C:
+		}
+	}
+}
+
+func (h *Hub) reconcileFollows(ctx context.Context, follows map[string][]*follow, wg *sync.WaitGroup) {
+	auth := h.mem().Authorities()
+	self := h.cfg.Replicas.Name
+	wanted := map[string]bool{}
+	for _, cs := range h.clusterList() {
+		wanted[cs.name] = true
+		a, ok := auth[cs.name]
+		fs := follows[cs.name]
+		if !ok || a.Replica == self {
+			for _, f := range fs {
+				f.stop()
+			}
+			if len(fs) > 0 {
+				why := "no replica holds it"
+				if ok {
+					why = "this replica holds it"
+				}
+				cs.log.Info("no longer following the cluster from a peer", "why", why)
+			}
+			delete(follows, cs.name)
+			continue
+		}
+		var cur *follow
+		if n := len(fs); n > 0 && fs[n-1].replica == a.Replica && fs[n-1].addr == a.MCPAddr {
+			cur = fs[n-1]
+		} else {
+			cur = h.startFollow(ctx, cs, a, wg)
+			fs = append(fs, cur)
+		}
+		if cur.synced.Load() && len(fs) > 1 {
+			for _, f := range fs[:len(fs)-1] {
+				f.stop()
+			}
+			fs = []*follow{cur}
+		}
+		follows[cs.name] = fs
+	}
+	for c, fs := range follows {
+		if !wanted[c] {
+			for _, f := range fs {
+				f.stop()
+			}
+			delete(follows, c)
+		}
+	}
+}
+
+func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Authority, wg *sync.WaitGroup) *follow {
+	ctx, cancel := context.WithCancel(ctx)
+	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr, cancel: cancel, done: make(chan struct{})}
+	log := cs.log.With("from_replica", a.Replica, "addr", a.MCPAddr)
+	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
+	ctx = metadata.AppendToOutgoingContext(ctx, DevIdentityHeader, h.replicaID())
+	b := mcp.Backoff{Initial: h.cfg.Backoff.Initial.Duration, Max: h.cfg.Backoff.Max.Duration}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(f.done)
+		mcp.Redial(ctx, []string{a.MCPAddr}, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+			sink, err := h.forwardSink(cs, f)
+			if err != nil {
+				return err
+			}
+			return sink.PullFrom(ctx, conn)
+		})
+	}()
+	return f
+}
+
+// poke wakes followPeers without blocking.
+func (h *Hub) pokeFollows() {
+	select {
+	case h.followed <- struct{}{}:
+	default:
+	}
+}
+
+// ReplicaStatus is the replica view as the admin API shows it.
+type ReplicaStatus struct {
+	// Self is this replica's name.
+	Self string `json:"self"`
+	// Replicas are the live replicas and the clusters each holds (with the epoch).
+	Replicas []replicas.Replica `json:"replicas"`
+	// Authorities maps each held cluster to the replica holding its newest session.
+	Authorities map[string]replicas.Authority `json:"authorities"`
+}
+
+// Replicas returns the replica view, or nil for a single hub.
+func (h *Hub) Replicas() *ReplicaStatus {
+	if h.mem() == nil {
+		return nil
+	}
+	st := &ReplicaStatus{Self: h.cfg.Replicas.Name, Replicas: h.mem().Replicas(), Authorities: h.mem().Authorities()}
+	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].Name < st.Replicas[j].Name })
+	return st
+}
+
+// GossipAddr returns the replica's bound gossip address ("" for a single hub or before Run).
+func (h *Hub) GossipAddr() string {
+	if h.mem() == nil {
+		return ""
+	}
+	return h.mem().Addr()
+}
+
+// forwardNode is what a follower's stream tells the replica it follows.
+func (h *Hub) forwardNode(cluster string) *mcppb.SinkNode {
+	return &mcppb.SinkNode{Id: h.cfg.Replicas.Name, Annotations: map[string]string{ForwardClusterAnnotation: cluster}}
+}

@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshfed/meshfed/hub"
+)
+
+// replicaConfig is twoClusterConfig as replica name of a group joining seeds.
+func replicaConfig(name string, seeds ...string) *hub.Config {
+	cfg := twoClusterConfig()
+	cfg.Replicas = &hub.ReplicasConfig{Name: name, Gossip: "127.0.0.1:0", Seeds: seeds, Profile: "local"}
+	cfg.WarmUp = hub.Duration{Duration: 20 * time.Second}
+	return cfg
+}
+
+// startReplica runs a replica hub until stop is called or the test ends.
+func startReplica(t *testing.T, cfg *hub.Config) (h *hub.Hub, stop func()) {
+	t.Helper()
+	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", ""
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := hub.New(cfg, logger(t).With("side", "hub-"+cfg.Replicas.Name), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("hub %s Run: %v", cfg.Replicas.Name, err)
+		}
+	}
+	t.Cleanup(stop)
+	waitFor(t, 10*time.Second, "replica listening", func() bool { i, s, _ := h.Addrs(); return s != "" && i != "" && h.Replicas() != nil })
+	return h, stop
+}
+
+func gossipAddr(t *testing.T, h *hub.Hub) string {
+	t.Helper()
+	return h.GossipAddr()
+}
+
+// In one process, three replicas: each cluster's minion on one replica, sinks on every
+// replica see both clusters; the minion moving to another replica, and a replica leaving,
+// never make a sink see a deletion.
+func TestReplicasInProcess(t *testing.T) {
+	a, _ := startReplica(t, replicaConfig("a"))
+	seed := gossipAddr(t, a)
+	b, stopB := startReplica(t, replicaConfig("b", seed))
+	c, _ := startReplica(t, replicaConfig("c", seed))
+	all := []*hub.Hub{a, b, c}
+	waitFor(t, 10*time.Second, "three replicas", func() bool {
+		for _, h := range all {
+			if len(h.Replicas().Replicas) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+
+	eastDir, westDir := t.TempDir(), t.TempDir()
+	writeFile(t, eastDir, "shop/a.yaml", vsYAML("a", "shop", "", "a.shop.example.com"))
+	writeFile(t, westDir, "pay/b.yaml", vsYAML("b", "pay", "", "b.pay.example.com"))
+	ingest := func(h *hub.Hub) string { i, _, _ := h.Addrs(); return i }
+	serve := func(h *hub.Hub) string { _, s, _ := h.Addrs(); return s }
+	_, stopEast := runMinion(t, "east", eastDir, ingest(a))
+	runMinion(t, "west", westDir, ingest(b))
+
+	var sinks []*sinkClient
+	for i, h := range all {
+		sinks = append(sinks, runSink(t, serve(h), "global", fmt.Sprintf("global-%d", i), i%2 == 0))
+	}
+	want := "pay/b@west,shop/a@east"
+	converged := func(want string) func() bool {
+		return func() bool {
+			for _, s := range sinks {
+				if s.view(vs) != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, 20*time.Second, "every sink sees both clusters", converged(want))
+	held := func(h *hub.Hub, cluster string) string {
+		for _, cs := range h.Clusters() {
+			if cs.Name == cluster && cs.HeldBy != nil {
+				return cs.HeldBy.Replica
+			}
+		}
+		return ""
+	}
+	if got := held(c, "east") + held(c, "west"); got != "ab" {
+		t.Fatalf("c sees east and west held by %q", got)
+	}
+
+	// East's minion moves from a to c, with a change made on the way.
+	stopEast()
+	writeFile(t, eastDir, "shop/a2.yaml", vsYAML("a2", "shop", "", "a2.shop.example.com"))
+	runMinion(t, "east", eastDir, ingest(c))
+	want = "pay/b@west,shop/a2@east,shop/a@east"
+	waitFor(t, 20*time.Second, "every sink sees the change made through c", converged(want))
+	waitFor(t, 10*time.Second, "c holds east everywhere", func() bool {
+		return held(a, "east") == "c" && held(b, "east") == "c" && held(c, "east") == "c"
+	})
+
+	// b (holding west) leaves: west stays served everywhere (kept under the staleness
+	// policy) and its minion, redialling b, is gone until it is pointed elsewhere.
+	stopB()
+	sinks = []*sinkClient{sinks[0], sinks[2]}
+	waitFor(t, 10*time.Second, "no one holds west", func() bool { return held(a, "west") == "" && held(c, "west") == "" })
+	time.Sleep(300 * time.Millisecond)
+	if got := sinks[0].view(vs); got != want {
+		t.Fatalf("after b left, a's sink sees %s", got)
+	}
+	for i, s := range sinks {
+		if r := s.removals(); len(r) > 0 {
+			t.Errorf("sink %d saw deletions: %s", i, strings.Join(r, "; "))
+		}
+	}
+}
