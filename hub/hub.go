@@ -368,6 +368,7 @@ func (h *Hub) Run(ctx context.Context) error {
 		h.mu.Lock()
 		h.httpAddr = addr
 		h.mu.Unlock()
+		h.log.Info("listening", "listener", "http", "addr", addr)
 	}
 	g.Go(func() error { h.housekeeping(ctx); return nil })
 	h.runDialers(ctx, g)

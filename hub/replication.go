@@ -61,6 +61,9 @@ type ReplicasConfig struct {
 	SuspicionMult    int      `json:"suspicionMult,omitempty"`
 	GossipInterval   Duration `json:"gossipInterval,omitempty"`
 	PushPullInterval Duration `json:"pushPullInterval,omitempty"`
+	// RejoinInterval between attempts to join the seeds and the replicas that left or
+	// died while they are not members (how a network split heals). Default 10s.
+	RejoinInterval Duration `json:"rejoinInterval,omitempty"`
 }
 
 func (r *ReplicasConfig) validate(c *Config) error {
@@ -99,7 +102,7 @@ func (r *ReplicasConfig) validate(c *Config) error {
 		return fmt.Errorf("replicas.profile: %q: want lan or local", r.Profile)
 	}
 	for field, d := range map[string]*Duration{"replicas.probeInterval": &r.ProbeInterval, "replicas.probeTimeout": &r.ProbeTimeout,
-		"replicas.gossipInterval": &r.GossipInterval, "replicas.pushPullInterval": &r.PushPullInterval} {
+		"replicas.gossipInterval": &r.GossipInterval, "replicas.pushPullInterval": &r.PushPullInterval, "replicas.rejoinInterval": &r.RejoinInterval} {
 		if err := d.Check(field); err != nil {
 			return err
 		}
@@ -148,7 +151,7 @@ func (h *Hub) startReplicas(ingest string) error {
 	m, err := replicas.Start(replicas.Config{Name: rc.Name, Bind: rc.Gossip, MCPAddr: adv, Seeds: rc.Seeds, SeedDNS: rc.SeedDNS,
 		KeyFile: rc.KeyFile, Local: rc.Profile == "local", Tuning: replicas.Tuning{ProbeInterval: rc.ProbeInterval.Duration,
 			ProbeTimeout: rc.ProbeTimeout.Duration, SuspicionMult: rc.SuspicionMult, GossipInterval: rc.GossipInterval.Duration,
-			PushPullInterval: rc.PushPullInterval.Duration}}, h.log)
+			PushPullInterval: rc.PushPullInterval.Duration, RejoinInterval: rc.RejoinInterval.Duration}}, h.log)
 	if err != nil {
 		return err
 	}

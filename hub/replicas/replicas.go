@@ -75,6 +75,10 @@ type Tuning struct {
 	GossipInterval time.Duration
 	// PushPullInterval between full-state exchanges (LAN default 30s).
 	PushPullInterval time.Duration
+	// RejoinInterval between attempts to join the seeds and the replicas that left or
+	// died, while they are not members: how a network split heals (memberlist itself stops
+	// contacting a dead member after a while). Default 10s.
+	RejoinInterval time.Duration
 }
 
 // Replica is one member as the view holds it.
@@ -152,11 +156,14 @@ type Members struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	stop      chan struct{}
+	rejoined  sync.WaitGroup // the rejoin and send goroutines
+	sends     chan []byte    // deltas to send to every member over TCP
 
 	mu       sync.Mutex // guards the following fields
 	self     message    // Full, Holding without tombstones
 	peers    map[string]*peer
-	gone     map[string]bool   // left or dead since their last join: their late messages are ignored
+	gone     map[string]string // left or dead since their last join (name -> gossip address): their late messages are ignored
 	maxEpoch map[string]uint64 // cluster -> highest epoch ever seen
 	changed  chan struct{}
 }
@@ -195,8 +202,12 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 		cfg.Incarnation = time.Now().UnixNano()
 	}
 	mc.Logger = log.New(io.Discard, "", 0)
-	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]bool{},
-		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1),
+	if os.Getenv("MESHFED_MEMBERLIST_LOG") != "" { // memberlist's own log, for debugging
+		mc.Logger = log.New(os.Stderr, "memberlist "+cfg.Name+" ", log.Lmicroseconds)
+	}
+	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]string{},
+		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
+		sends: make(chan []byte, 1024),
 		self: message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
@@ -204,27 +215,104 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 		return nil, fmt.Errorf("replicas: %w", err)
 	}
 	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.ml.NumMembers, RetransmitMult: mc.RetransmitMult}
-	seeds := append([]string(nil), cfg.Seeds...)
 	if cfg.SeedDNS != "" {
-		h, p, err := net.SplitHostPort(cfg.SeedDNS)
-		if err != nil {
+		if _, _, err := net.SplitHostPort(cfg.SeedDNS); err != nil {
 			_ = m.ml.Shutdown()
 			return nil, fmt.Errorf("replicas: seedDNS %q: %v", cfg.SeedDNS, err)
 		}
+	}
+	if seeds := m.seeds(); len(seeds) > 0 {
+		if n, err := m.ml.Join(seeds); err != nil && n == 0 {
+			m.log.Warn("no seed answered; waiting to be joined", "seeds", seeds, "err", err)
+		}
+	}
+	every := cfg.Tuning.RejoinInterval
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	m.rejoined.Add(2)
+	go m.rejoin(every)
+	go m.send()
+	return m, nil
+}
+
+// send delivers each delta to every member over memberlist's reliable (TCP) channel as
+// well as by gossip: a broadcast's few transmissions may all be piggybacked on packets to
+// the same peer, and a handover must not wait for the next push/pull.
+func (m *Members) send() {
+	defer m.rejoined.Done()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case b := <-m.sends:
+			for _, n := range m.ml.Members() {
+				if n.Name == m.cfg.Name {
+					continue
+				}
+				if err := m.ml.SendReliable(n, b); err != nil {
+					m.log.Debug("sending a holding change", "peer", n.Name, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// seeds returns the configured seeds and what SeedDNS resolves to now.
+func (m *Members) seeds() []string {
+	seeds := append([]string(nil), m.cfg.Seeds...)
+	if m.cfg.SeedDNS != "" {
+		h, p, _ := net.SplitHostPort(m.cfg.SeedDNS)
 		addrs, err := net.LookupHost(h)
 		if err != nil {
-			m.log.Warn("seed DNS name does not resolve yet", "name", h, "err", err)
+			m.log.Warn("seed DNS name does not resolve", "name", h, "err", err)
 		}
 		for _, a := range addrs {
 			seeds = append(seeds, net.JoinHostPort(a, p))
 		}
 	}
-	if len(seeds) > 0 {
-		if n, err := m.ml.Join(seeds); err != nil && n == 0 {
-			m.log.Warn("no seed answered; waiting to be joined", "seeds", seeds, "err", err)
+	return seeds
+}
+
+// rejoin periodically joins the seeds and the replicas that left or died that are not
+// members now: after a network split, each side has declared the other dead and
+// memberlist alone would not bring them back together.
+func (m *Members) rejoin(every time.Duration) {
+	defer m.rejoined.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		live := map[string]bool{}
+		for _, n := range m.ml.Members() {
+			live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
+		}
+		var try []string
+		for _, a := range m.seeds() {
+			if !live[a] {
+				try = append(try, a)
+			}
+		}
+		m.mu.Lock()
+		for _, a := range m.gone {
+			if a != "" && !live[a] {
+				try = append(try, a)
+			}
+		}
+		m.mu.Unlock()
+		if len(try) == 0 {
+			continue
+		}
+		if n, err := m.ml.Join(try); n > 0 {
+			m.log.Info("rejoined replicas", "contacted", n, "tried", try)
+		} else if err != nil {
+			m.log.Debug("rejoin found no replica", "tried", try, "err", err)
 		}
 	}
-	return m, nil
 }
 
 func tune(mc *memberlist.Config, t Tuning) {
@@ -243,6 +331,9 @@ func tune(mc *memberlist.Config, t Tuning) {
 	if t.PushPullInterval > 0 {
 		mc.PushPullInterval = t.PushPullInterval
 	}
+	// A replica that left the group may come back (a restart, a healed split) with the
+	// same name at once: allow it to reclaim its name after a short while.
+	mc.DeadNodeReclaimTime = 5 * mc.ProbeInterval
 }
 
 func readKey(path string) ([]byte, error) {
@@ -310,6 +401,10 @@ func (m *Members) changeLocked(cluster string, epoch uint64) {
 	d := message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}
 	if b, err := json.Marshal(d); err == nil {
 		m.queue.QueueBroadcast(broadcast{name: m.self.Name, cluster: cluster, msg: b})
+		select {
+		case m.sends <- b:
+		default: // gossip and push/pull still carry it
+		}
 	}
 	m.notifyLocked()
 }
@@ -387,6 +482,8 @@ func (m *Members) Replicas() []Replica {
 // more than once.
 func (m *Members) Close() error {
 	m.closeOnce.Do(func() {
+		close(m.stop)
+		m.rejoined.Wait()
 		m.closeErr = m.ml.Leave(2 * time.Second)
 		if err := m.ml.Shutdown(); m.closeErr == nil {
 			m.closeErr = err
@@ -407,7 +504,7 @@ func (m *Members) merge(b []byte) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.gone[msg.Name] {
+	if _, gone := m.gone[msg.Name]; gone {
 		return // a departed replica's late message must not bring it back
 	}
 	p := m.peers[msg.Name]
@@ -486,6 +583,9 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
 	delete(e.m.gone, n.Name)
+	if p, ok := e.m.peers[n.Name]; ok && n.Name != e.m.cfg.Name {
+		p.mcpAddr = string(n.Meta)
+	}
 	if _, ok := e.m.peers[n.Name]; !ok && n.Name != e.m.cfg.Name {
 		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}}
 		e.m.log.Info("replica joined", "peer", n.Name, "mcp_addr", string(n.Meta))
@@ -500,7 +600,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	if n.Name == e.m.cfg.Name {
 		return
 	}
-	e.m.gone[n.Name] = true
+	e.m.gone[n.Name] = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	if _, ok := e.m.peers[n.Name]; ok {
 		delete(e.m.peers, n.Name)
 		e.m.log.Warn("replica left or died", "peer", n.Name)

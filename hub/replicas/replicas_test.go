@@ -159,7 +159,7 @@ func TestRestartUnderTheSameName(t *testing.T) {
 	}
 	eventually(t, "a sees b hold three clusters", func() bool { return len(a.Authorities()) == 3 })
 	addr := b1.Addr()
-	b1.closeOnce.Do(func() { _ = b1.ml.Shutdown() }) // dies without leaving
+	b1.closeOnce.Do(func() { close(b1.stop); b1.rejoined.Wait(); _ = b1.ml.Shutdown() }) // dies without leaving
 	b2 := startWith(t, Config{Name: "b", Bind: addr, MCPAddr: "b2", Seeds: []string{a.Addr()}, KeyFile: key, Local: true, Incarnation: 2})
 	e := b2.Hold("south") // version 1 of the new life: lower than the old life's 3
 	eventually(t, "a sees only b's new life", func() bool {
@@ -244,7 +244,66 @@ func FuzzMerge(f *testing.F) {
 
 // offline is a Members without memberlist, for merge tests.
 func offline() *Members {
-	return &Members{cfg: Config{Name: "a"}, log: quiet(), peers: map[string]*peer{}, gone: map[string]bool{}, maxEpoch: map[string]uint64{},
+	return &Members{cfg: Config{Name: "a"}, log: quiet(), peers: map[string]*peer{}, gone: map[string]string{}, maxEpoch: map[string]uint64{},
 		changed: make(chan struct{}, 1), self: message{Name: "a", Full: true, Holding: map[string]hold{}},
-		queue: &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 1 }, RetransmitMult: 1}}
+		queue: &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 1 }, RetransmitMult: 1}, sends: make(chan []byte, 1024)}
+}
+
+// Holdings spread by broadcast alone (push/pull is an hour away).
+func TestBroadcastSpreads(t *testing.T) {
+	key := keyFile(t)
+	cfg := func(name string, seeds ...string) Config {
+		return Config{Name: name, Bind: "127.0.0.1:0", MCPAddr: name, Seeds: seeds, KeyFile: key, Local: true,
+			Tuning: Tuning{PushPullInterval: time.Hour, GossipInterval: 50 * time.Millisecond}}
+	}
+	a := startWith(t, cfg("a"))
+	b := startWith(t, cfg("b", a.Addr()))
+	c := startWith(t, cfg("c", a.Addr()))
+	all := []*Members{a, b, c}
+	eventually(t, "three replicas", func() bool {
+		for _, m := range all {
+			if len(m.Replicas()) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	for round := 0; round < 5; round++ {
+		for i, m := range all {
+			m.Hold(fmt.Sprintf("c%d-%d", i, round))
+		}
+		deadline := time.Now().Add(3 * time.Second)
+		for _, m := range all {
+			for len(m.Authorities()) != 3*(round+1) {
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: %s sees %v", round, m.cfg.Name, m.Authorities())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
+func TestBroadcastRightAfterJoin(t *testing.T) {
+	key := keyFile(t)
+	cfg := func(name string, seeds ...string) Config {
+		return Config{Name: name, Bind: "127.0.0.1:0", MCPAddr: name, Seeds: seeds, KeyFile: key, Local: true,
+			Tuning: Tuning{PushPullInterval: time.Hour, GossipInterval: 50 * time.Millisecond, ProbeInterval: 200 * time.Millisecond}}
+	}
+	a := startWith(t, cfg("a"))
+	b := startWith(t, cfg("b", a.Addr()))
+	c := startWith(t, cfg("c", a.Addr()))
+	time.Sleep(300 * time.Millisecond)
+	a.Hold("c1")
+	b.Hold("c2")
+	c.Hold("c3")
+	deadline := time.Now().Add(3 * time.Second)
+	for _, m := range []*Members{a, b, c} {
+		for len(m.Authorities()) != 3 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s sees %v", m.cfg.Name, m.Authorities())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }

@@ -1,0 +1,445 @@
+// Package replicatest runs a group of hub replicas as real processes on loopback, with
+// minion processes publishing files and in-process MCP sinks, all over mutual TLS from one
+// test CA: the world the replica tests (test/replicas) and the replica benchmarks
+// (internal/bench) kill, restart and split.
+//
+// Hub and minion binaries are built from this module into .cache/bin on first use. Every
+// process is started in its own process group and killed (SIGKILL) when the test ends;
+// their logs go to files in the world's directory, whose tails Dump prints.
+//
+// It is test infrastructure; nothing in the product imports it.
+package replicatest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/minion"
+	"github.com/meshfed/meshfed/routing"
+	"github.com/meshfed/meshfed/tls/tlstest"
+)
+
+// TB is what the world needs of a test (testing.TB, or a benchmark's runner).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+	Logf(format string, args ...any)
+}
+
+// TrustDomain of every identity in a world.
+const TrustDomain = "mesh.test"
+
+// Collection is the one collection a world publishes.
+const Collection = "istio/networking/v1alpha3/virtualservices"
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// build builds cmd/hub and cmd/minion into .cache/bin (go's build cache makes it quick
+// after the first time).
+func build() (string, error) {
+	buildOnce.Do(func() {
+		root, err := testbin.RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir = filepath.Join(root, ".cache", "bin")
+		for _, c := range []string{"hub", "minion"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "meshfed-"+c), "./cmd/"+c)
+			cmd.Dir = root
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build ./cmd/%s: %v\n%s", c, err, out)
+				return
+			}
+		}
+	})
+	return binDir, buildErr
+}
+
+// Options shape a world.
+type Options struct {
+	// Clusters is the number of clusters, c1..cN; each owns namespace ns-cN and hosts
+	// *.cN.example.com. Routing: node ids global-* get every cluster, odd-* the odd
+	// clusters, even-* the even ones.
+	Clusters int
+	// Objects each cluster publishes at the start (VirtualServices vs-0..).
+	Objects int
+	// ProbeInterval of the replicas' failure detection. Default 200ms.
+	ProbeInterval time.Duration
+	// WarmUp of every replica. Default 20s.
+	WarmUp time.Duration
+	// Staleness default of every replica. Default keep.
+	Staleness string
+}
+
+// World is a running group of replicas, minions and sinks.
+type World struct {
+	tb     TB
+	opts   Options
+	Dir    string
+	bins   string
+	ca     *tlstest.CA
+	bundle string
+	key    string // gossip key file
+
+	mu      sync.Mutex
+	hubs    map[string]*Hub
+	minions map[string]*Minion
+}
+
+// New prepares a world (nothing runs yet).
+func New(tb TB, opts Options) *World {
+	tb.Helper()
+	bins, err := build()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if opts.ProbeInterval == 0 {
+		opts.ProbeInterval = 200 * time.Millisecond
+	}
+	if opts.WarmUp == 0 {
+		opts.WarmUp = 20 * time.Second
+	}
+	w := &World{tb: tb, opts: opts, Dir: tb.TempDir(), bins: bins, ca: tlstest.NewCA(tb, "mesh-ca"),
+		hubs: map[string]*Hub{}, minions: map[string]*Minion{}}
+	w.bundle = filepath.Join(w.Dir, "ca.crt")
+	tlstest.WriteBundle(tb, w.bundle, w.ca)
+	w.key = filepath.Join(w.Dir, "gossip.key")
+	tlstest.WriteAtomic(tb, w.key, []byte("bWVzaGZlZC10ZXN0LWdvc3NpcC1rZXktMzJieXRlcyE=\n")) // 32 bytes
+	for i := 1; i <= opts.Clusters; i++ {
+		for j := 0; j < opts.Objects; j++ {
+			w.Write(ClusterName(i), fmt.Sprintf("vs-%d", j), 1)
+		}
+	}
+	tb.Cleanup(w.killAll)
+	return w
+}
+
+// ClusterName is the name of cluster i (1-based).
+func ClusterName(i int) string { return fmt.Sprintf("c%d", i) }
+
+// Write publishes (or changes) VirtualService name in cluster's directory; gen makes the
+// content (and so the version) differ.
+func (w *World) Write(cluster, name string, gen int) {
+	ns := "ns-" + cluster
+	body := fmt.Sprintf("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: %s\n  namespace: %s\n"+
+		"spec:\n  hosts: [%s.%s.example.com]\n  http:\n  - route:\n    - destination: {host: %s.%s.svc.cluster.local, subset: g%d}\n",
+		name, ns, name, cluster, name, ns, gen)
+	p := filepath.Join(w.Dir, "clusters", cluster, ns, name+".yaml")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		w.tb.Fatal(err)
+	}
+	tlstest.WriteAtomic(w.tb, p, []byte(body))
+}
+
+// Delete removes VirtualService name from cluster's directory.
+func (w *World) Delete(cluster, name string) {
+	if err := os.Remove(filepath.Join(w.Dir, "clusters", cluster, "ns-"+cluster, name+".yaml")); err != nil {
+		w.tb.Fatal(err)
+	}
+}
+
+// config is the hub configuration every replica shares, for replica name.
+func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
+	cfg := &hub.Config{
+		Ingest: "127.0.0.1:0", Serve: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+		TrustDomain: TrustDomain,
+		StateDir:    filepath.Join(w.Dir, "state-"+name),
+		Collections: []string{Collection},
+		WarmUp:      hub.Duration{Duration: w.opts.WarmUp},
+		Backoff:     hub.BackoffConfig{Initial: hub.Duration{Duration: 50 * time.Millisecond}, Max: hub.Duration{Duration: 500 * time.Millisecond}},
+		Staleness:   hub.StalenessConfig{Default: w.opts.Staleness},
+		Limits:      hub.LimitsConfig{StreamsPerSecond: 1000, StreamBurst: 5000},
+		Replicas: &hub.ReplicasConfig{Name: name, Gossip: "127.0.0.1:0", Seeds: seeds, KeyFile: w.key, Profile: "local",
+			ProbeInterval: hub.Duration{Duration: w.opts.ProbeInterval}, RejoinInterval: hub.Duration{Duration: time.Second},
+			GossipInterval: hub.Duration{Duration: 50 * time.Millisecond}},
+	}
+	if addrs != nil { // a restart keeps its addresses
+		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = addrs.Ingest, addrs.Serve, addrs.HTTP, addrs.Gossip
+	}
+	c, k, _ := w.ca.Issue(w.tb, w.Dir, "hub-"+name, "127.0.0.1", "spiffe://"+TrustDomain+"/hub/"+name)
+	cfg.TLS = &hub.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}
+	var odd, even []string
+	for i := 1; i <= w.opts.Clusters; i++ {
+		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: ClusterName(i), Namespaces: []string{"ns-" + ClusterName(i)},
+			Hosts: []string{"*." + ClusterName(i) + ".example.com"}})
+		if i%2 == 1 {
+			odd = append(odd, ClusterName(i))
+		} else {
+			even = append(even, ClusterName(i))
+		}
+	}
+	cfg.Routing.Rules = []routing.Rule{{Name: "global", NodeIDs: []string{"global-*"}},
+		{Name: "odd", NodeIDs: []string{"odd-*"}, Clusters: odd}, {Name: "even", NodeIDs: []string{"even-*"}, Clusters: even}}
+	return cfg
+}
+
+// Hub is one replica process.
+type Hub struct {
+	Name                        string
+	Ingest, Serve, HTTP, Gossip string
+	Pid                         int
+	logPath                     string
+	cmd                         *exec.Cmd
+	done                        chan struct{}
+}
+
+// StartHub starts replica name joining seeds (gossip addresses). Given prev (an earlier
+// life of the replica), it listens on the same addresses; its state directory is emptied
+// either way when fresh is true.
+func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *Hub {
+	w.tb.Helper()
+	cfg := w.config(name, prev, seeds)
+	if fresh {
+		_ = os.RemoveAll(cfg.StateDir)
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	cfgPath := filepath.Join(w.Dir, "hub-"+name+".yaml")
+	tlstest.WriteAtomic(w.tb, cfgPath, b)
+	h := &Hub{Name: name, logPath: filepath.Join(w.Dir, fmt.Sprintf("hub-%s.%d.log", name, time.Now().UnixNano())), done: make(chan struct{})}
+	h.cmd = exec.Command(filepath.Join(w.bins, "meshfed-hub"), "-config", cfgPath)
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := h.cmd.StderrPipe()
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	logf, err := os.Create(h.logPath)
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	if err := h.cmd.Start(); err != nil {
+		w.tb.Fatal(err)
+	}
+	h.Pid = h.cmd.Process.Pid
+	addrs := make(chan [2]string, 8)
+	go func() {
+		defer close(h.done)
+		defer logf.Close()
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			_, _ = logf.Write(append(line, '\n'))
+			var ev struct{ Msg, Listener, Addr, Gossip string }
+			if json.Unmarshal(line, &ev) == nil {
+				var a [2]string
+				switch ev.Msg {
+				case "listening":
+					a = [2]string{ev.Listener, ev.Addr}
+				case "replica started":
+					a = [2]string{"gossip", ev.Gossip}
+				}
+				select {
+				case addrs <- a:
+				default: // nobody reads after the start: never block the hub's stderr
+				}
+			}
+		}
+		_ = h.cmd.Wait()
+	}()
+	w.mu.Lock()
+	w.hubs[name] = h
+	w.mu.Unlock()
+	deadline := time.After(30 * time.Second)
+	for h.Ingest == "" || h.Serve == "" || h.Gossip == "" || h.HTTP == "" {
+		select {
+		case a := <-addrs:
+			switch a[0] {
+			case "":
+			case "ingest":
+				h.Ingest = a[1]
+			case "serve":
+				h.Serve = a[1]
+			case "gossip":
+				h.Gossip = a[1]
+			case "http":
+				h.HTTP = a[1]
+			}
+		case <-h.done:
+			w.Dump()
+			w.tb.Fatalf("hub %s exited at start", name)
+		case <-deadline:
+			w.Dump()
+			w.tb.Fatalf("hub %s did not report its addresses", name)
+		}
+	}
+	return h
+}
+
+// Kill sends SIGKILL to the replica's process group and waits for it.
+func (h *Hub) Kill() {
+	_ = syscall.Kill(-h.Pid, syscall.SIGKILL)
+	<-h.done
+}
+
+// Get fetches one admin API path of the replica as JSON into v.
+func (h *Hub) Get(path string, v any) error {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + h.HTTP + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, b)
+	}
+	return json.Unmarshal(b, v)
+}
+
+// HeldBy returns which replica holds each cluster, as this replica sees it.
+func (h *Hub) HeldBy() (map[string]string, error) {
+	var cs []hub.ClusterStatus
+	if err := h.Get("/api/clusters", &cs); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, c := range cs {
+		if c.HeldBy != nil {
+			out[c.Name] = c.HeldBy.Replica
+		}
+	}
+	return out, nil
+}
+
+// SinkCount returns how many sinks are connected to the replica.
+func (h *Hub) SinkCount() (int, error) {
+	var ss []hub.SinkStatus
+	err := h.Get("/api/sinks", &ss)
+	return len(ss), err
+}
+
+// CPU returns the replica's user+system CPU time so far.
+func (h *Hub) CPU() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", h.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command (which may contain spaces) start after the last ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	var ut, st int64
+	if _, err := fmt.Sscan(f[11], &ut); err != nil {
+		return 0, err
+	}
+	if _, err := fmt.Sscan(f[12], &st); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
+}
+
+// Minion is one minion process.
+type Minion struct {
+	Cluster string
+	Pid     int
+	done    chan struct{}
+}
+
+// StartMinion starts cluster's minion pushing to the replicas' ingest addresses in the
+// order given (it fails over along the list).
+func (w *World) StartMinion(cluster string, prefer ...*Hub) *Minion {
+	w.tb.Helper()
+	var addrs []string
+	for _, h := range prefer {
+		addrs = append(addrs, h.Ingest)
+	}
+	c, k, _ := w.ca.Issue(w.tb, w.Dir, "minion-"+cluster, "spiffe://"+TrustDomain+"/cluster/"+cluster)
+	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: "fs://" + filepath.Join(w.Dir, "clusters", cluster)}},
+		Collections: []string{Collection},
+		Destinations: minion.DestinationsConfig{Push: []string{"push://" + strings.Join(addrs, ",")},
+			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 50 * time.Millisecond}, Max: minion.Duration{Duration: 500 * time.Millisecond}}},
+		HTTP: "127.0.0.1:0", TLS: &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	cfgPath := filepath.Join(w.Dir, "minion-"+cluster+".yaml")
+	tlstest.WriteAtomic(w.tb, cfgPath, b)
+	logf, err := os.Create(filepath.Join(w.Dir, fmt.Sprintf("minion-%s.%d.log", cluster, time.Now().UnixNano())))
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(w.bins, "meshfed-minion"), "-config", cfgPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		w.tb.Fatal(err)
+	}
+	m := &Minion{Cluster: cluster, Pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(m.done) }()
+	w.mu.Lock()
+	w.minions[cluster] = m
+	w.mu.Unlock()
+	return m
+}
+
+// Kill sends SIGKILL to the minion and waits for it.
+func (m *Minion) Kill() {
+	_ = syscall.Kill(-m.Pid, syscall.SIGKILL)
+	<-m.done
+}
+
+func (w *World) killAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range w.minions {
+		m.Kill()
+	}
+	for _, h := range w.hubs {
+		h.Kill()
+	}
+}
+
+// Dump logs the tail of every process log of the world (for a failing test).
+func (w *World) Dump() {
+	logs, _ := filepath.Glob(filepath.Join(w.Dir, "*.log"))
+	sort.Strings(logs)
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if keep := 40; len(lines) > keep && os.Getenv("MESHFED_TEST_FULL_LOGS") == "" {
+			lines = lines[len(lines)-keep:]
+		}
+		w.tb.Logf("--- %s (last %d lines)\n%s", filepath.Base(l), len(lines), strings.Join(lines, "\n"))
+	}
+}
+
+// Eventually polls cond every 20ms until it holds, and fails the test (with the world's
+// logs) after d.
+func (w *World) Eventually(d time.Duration, what string, cond func() bool) time.Duration {
+	w.tb.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			w.Dump()
+			w.tb.Fatalf("timed out after %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}

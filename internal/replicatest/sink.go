@@ -1,0 +1,177 @@
+package replicatest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	meshtls "github.com/meshfed/meshfed/tls"
+)
+
+// Sink is an MCP sink (in this process) subscribed to the replicas over mutual TLS as
+// spiffe://mesh.test/sink/<name>; it fails over along its replicas and keeps what it
+// applied, every deletion it was sent and how many streams it opened.
+type Sink struct {
+	Name string
+
+	mu       sync.Mutex
+	state    map[string]*mcpapi.Resource // name -> resource
+	removed  []string
+	pushes   int
+	firstSet string // the view after the first push of each stream, in order
+	target   atomic.Value // string: the serve address of the current (or last) stream
+	streams  atomic.Int64
+	open     atomic.Int64
+	done     chan struct{}
+}
+
+// StartSink subscribes sink name (its node id and routing name, e.g. global-00) to the
+// replicas in the order given.
+func (w *World) StartSink(name string, incremental bool, prefer ...*Hub) *Sink {
+	w.tb.Helper()
+	var addrs []string
+	for _, h := range prefer {
+		addrs = append(addrs, h.Serve)
+	}
+	c, k, _ := w.ca.Issue(w.tb, w.Dir, "sink-"+name, "spiffe://"+TrustDomain+"/sink/"+name)
+	src, err := meshtls.NewSource(meshtls.Files{Cert: c, Key: k, CA: w.bundle}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	s := &Sink{Name: name, state: map[string]*mcpapi.Resource{}, done: make(chan struct{})}
+	var first atomic.Bool
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{Collection}, Node: &mcppb.SinkNode{Id: name}, FullStateOnly: !incremental,
+		Logger: slog.New(slog.DiscardHandler),
+		Applier: mcp.ApplierFunc(func(_ context.Context, c *mcp.Change) error {
+			s.apply(c, first.Swap(false))
+			return nil
+		}),
+		Hooks: mcp.Hooks{
+			StreamOpened: func(*mcp.StreamInfo) { s.streams.Add(1); s.open.Add(1); first.Store(true) },
+			StreamClosed: func(*mcp.StreamInfo, error) { s.open.Add(-1) },
+		}})
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	creds := credentials.NewTLS(src.ClientConfig(""))
+	go func() {
+		defer close(s.done)
+		mcp.Redial(ctx, addrs, creds, mcp.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}, slog.New(slog.DiscardHandler), nil,
+			func(ctx context.Context, conn *grpc.ClientConn) error {
+				s.target.Store(conn.Target())
+				return sink.PullFrom(ctx, conn)
+			})
+	}()
+	w.tb.Cleanup(func() { cancel(); <-s.done })
+	return s
+}
+
+func (s *Sink) apply(c *mcp.Change, first bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pushes++
+	if !c.Incremental {
+		listed := map[string]bool{}
+		for _, r := range c.Resources {
+			listed[r.GetMetadata().GetName()] = true
+		}
+		for n := range s.state {
+			if !listed[n] {
+				s.removed = append(s.removed, n)
+				delete(s.state, n)
+			}
+		}
+	}
+	for _, n := range c.Removed {
+		if _, ok := s.state[n]; ok {
+			s.removed = append(s.removed, n)
+		}
+		delete(s.state, n)
+	}
+	for _, r := range c.Resources {
+		s.state[r.GetMetadata().GetName()] = r
+	}
+	if first {
+		s.firstSet += s.viewLocked() + "\n"
+	}
+}
+
+func (s *Sink) viewLocked() string {
+	out := make([]string, 0, len(s.state))
+	for n, r := range s.state {
+		out = append(out, fmt.Sprintf("%s@%s", n, r.GetMetadata().GetVersion()))
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+// View is the sink's state: "namespace/name@cluster/version ..." sorted.
+func (s *Sink) View() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.viewLocked()
+}
+
+// Names is the sink's state without versions, and the origin cluster of each.
+func (s *Sink) Names() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.state))
+	for n, r := range s.state {
+		out = append(out, n+"@"+r.GetMetadata().GetAnnotations()[hub.OriginAnnotation])
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+// Removed returns every deletion the sink was sent, in order.
+func (s *Sink) Removed() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.removed...)
+}
+
+// FirstViews returns the view right after the first push of each stream, one per line.
+func (s *Sink) FirstViews() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstSet
+}
+
+// Streams returns how many streams the sink opened, and whether one is open now.
+func (s *Sink) Streams() (opened int64, connected bool) { return s.streams.Load(), s.open.Load() > 0 }
+
+// Pushes returns how many pushes the sink applied.
+func (s *Sink) Pushes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pushes
+}
+
+// Contains reports whether the sink holds resource name and its body contains text (a
+// marker written into the spec, like the "g2" of World.Write's generation).
+func (s *Sink) Contains(name, text string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.state[name]
+	return r != nil && strings.Contains(string(r.GetBody().GetValue()), text)
+}
+
+// Target returns the serve address the sink's current (or last) stream went to.
+func (s *Sink) Target() string {
+	t, _ := s.target.Load().(string)
+	return t
+}

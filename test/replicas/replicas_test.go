@@ -1,0 +1,270 @@
+package replicas
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/meshfed/meshfed/internal/golden"
+	rt "github.com/meshfed/meshfed/internal/replicatest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	clusters = 4
+	objects  = 5
+)
+
+// group is the routing group of sink i: global (every cluster), odd or even clusters.
+func group(i int) string { return []string{"global", "odd", "even"}[i%3] }
+
+// expected is what a sink of group g must hold when every cluster publishes gen (1 unless
+// changed) of each of its objects.
+func expected(g string, except map[string]bool) string {
+	var out []string
+	for c := 1; c <= clusters; c++ {
+		if (g == "odd" && c%2 == 0) || (g == "even" && c%2 == 1) {
+			continue
+		}
+		for j := 0; j < objects; j++ {
+			name := fmt.Sprintf("ns-c%d/vs-%d", c, j)
+			if !except[name] {
+				out = append(out, name+"@"+rt.ClusterName(c))
+			}
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// fleet is a started world: three replicas a, b, c; four minions (c1 and c4 prefer a, c2
+// b, c3 c); twenty sinks, sink i homed on replica i%3 and failing over to the others.
+type fleet struct {
+	w     *rt.World
+	hubs  []*rt.Hub
+	sinks []*rt.Sink
+	mins  map[string]*rt.Minion
+}
+
+func rotate(hubs []*rt.Hub, first int) []*rt.Hub {
+	out := make([]*rt.Hub, 0, len(hubs))
+	for i := range hubs {
+		out = append(out, hubs[(first+i)%len(hubs)])
+	}
+	return out
+}
+
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs hub and minion processes")
+	}
+	w := rt.New(t, rt.Options{Clusters: clusters, Objects: objects})
+	a := w.StartHub("a", nil, true)
+	b := w.StartHub("b", nil, true, a.Gossip)
+	c := w.StartHub("c", nil, true, a.Gossip)
+	f := &fleet{w: w, hubs: []*rt.Hub{a, b, c}, mins: map[string]*rt.Minion{}}
+	for i, home := range []int{0, 1, 2, 0} {
+		name := rt.ClusterName(i + 1)
+		f.mins[name] = w.StartMinion(name, rotate(f.hubs, home)...)
+	}
+	for i := 0; i < 20; i++ {
+		f.sinks = append(f.sinks, w.StartSink(fmt.Sprintf("%s-%02d", group(i), i), i%2 == 0, rotate(f.hubs, i%3)...))
+	}
+	f.converge(t, nil, 60*time.Second)
+	return f
+}
+
+// converge waits until every sink holds its group's expected view.
+func (f *fleet) converge(t *testing.T, except map[string]bool, d time.Duration) time.Duration {
+	t.Helper()
+	return f.w.Eventually(d, "every sink holds its subset", func() bool {
+		for i, s := range f.sinks {
+			if s.Names() != expected(group(i), except) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// heldBy waits until every live replica says cluster is held by want.
+func (f *fleet) heldBy(t *testing.T, live []*rt.Hub, want map[string]string, d time.Duration) time.Duration {
+	t.Helper()
+	return f.w.Eventually(d, fmt.Sprintf("replicas agree clusters are held by %v", want), func() bool {
+		for _, h := range live {
+			got, err := h.HeldBy()
+			if err != nil {
+				return false
+			}
+			for c, r := range want {
+				if got[c] != r {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+// noDeletions fails the test if a sink was sent a deletion not in allowed.
+func (f *fleet) noDeletions(t *testing.T, allowed map[string]bool) {
+	t.Helper()
+	for _, s := range f.sinks {
+		for _, n := range s.Removed() {
+			if !allowed[n] {
+				t.Errorf("sink %s was sent a deletion of %s, which its cluster still has", s.Name, n)
+			}
+		}
+	}
+}
+
+// Three replicas, four minions, twenty sinks: every sink converges to its subset (golden),
+// and each cluster is held by the replica its minion is connected to, everywhere.
+func TestReplicasConverge(t *testing.T) {
+	f := startFleet(t)
+	f.heldBy(t, f.hubs, map[string]string{"c1": "a", "c2": "b", "c3": "c", "c4": "a"}, 10*time.Second)
+	var got strings.Builder
+	for i, s := range f.sinks {
+		fmt.Fprintf(&got, "%s (on %s): %s\n", s.Name, f.hubs[i%3].Name, s.View())
+	}
+	path := filepath.Join("testdata", "converged.golden")
+	if *golden.Update {
+		if err := os.WriteFile(path, []byte(got.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != string(want) {
+		t.Errorf("converged views differ from %s (run with -update to accept):\n%s", path, got.String())
+	}
+	f.noDeletions(t, nil)
+}
+
+// kill -9 of the replica holding c2: c2's minion fails over and is held by the replica it
+// reached, the killed replica's sinks reconnect elsewhere, nothing is deleted anywhere, and a
+// change made in c2 afterwards reaches every sink.
+func TestReplicaKill(t *testing.T) {
+	f := startFleet(t)
+	a, b, c := f.hubs[0], f.hubs[1], f.hubs[2]
+	f.heldBy(t, f.hubs, map[string]string{"c2": "b"}, 10*time.Second)
+	opened := make([]int64, len(f.sinks))
+	onB := map[int]bool{}
+	for i, s := range f.sinks {
+		opened[i], _ = s.Streams()
+		if s.Target() == b.Serve {
+			onB[i] = true
+		}
+	}
+	start := time.Now()
+	b.Kill()
+	// c2's minion fails over to c (its next address).
+	held := f.heldBy(t, []*rt.Hub{a, c}, map[string]string{"c2": "c"}, 30*time.Second)
+	sinksBack := f.w.Eventually(30*time.Second, "every sink connected", func() bool {
+		for _, s := range f.sinks {
+			if _, up := s.Streams(); !up {
+				return false
+			}
+		}
+		return true
+	})
+	f.converge(t, nil, 10*time.Second)
+	f.w.Write("c2", "vs-0", 2)
+	changed := f.w.Eventually(30*time.Second, "every sink that routes c2 sees its change", func() bool {
+		for i, s := range f.sinks {
+			if group(i) != "odd" && !s.Contains("ns-c2/vs-0", "g2") {
+				return false
+			}
+		}
+		return true
+	})
+	f.noDeletions(t, nil)
+	for i, s := range f.sinks {
+		n, _ := s.Streams()
+		if !onB[i] && n != opened[i] {
+			t.Errorf("sink %s on a live replica reconnected (%d streams, had %d)", s.Name, n, opened[i])
+		}
+	}
+	t.Logf("after kill -9 of the replica holding c2 (%v ago): c2 held again on both survivors after %v, every sink connected %v later (%d sinks moved); a change in c2 then reached every sink in %v",
+		time.Since(start).Round(time.Millisecond), held.Round(time.Millisecond), sinksBack.Round(time.Millisecond), len(onB), changed.Round(time.Millisecond))
+}
+
+// A minion flapping between replicas, with changes (and one deletion) made between its
+// sessions: every replica ends up with the cluster held by the last one, every sink with the
+// last content, and the only deletion any sink saw is the real one.
+func TestMinionFlapping(t *testing.T) {
+	f := startFleet(t)
+	except := map[string]bool{}
+	m := f.mins["c1"]
+	for round := 0; round < 6; round++ {
+		m.Kill()
+		f.w.Write("c1", "vs-0", round+2)
+		if round == 3 {
+			f.w.Delete("c1", "vs-4")
+			except["ns-c1/vs-4"] = true
+		}
+		home := (round + 1) % 3
+		m = f.w.StartMinion("c1", rotate(f.hubs, home)...)
+		f.heldBy(t, f.hubs, map[string]string{"c1": f.hubs[home].Name}, 30*time.Second)
+	}
+	f.converge(t, except, 30*time.Second)
+	f.w.Eventually(30*time.Second, "every sink has the last change", func() bool {
+		for i, s := range f.sinks {
+			if group(i) != "even" && !s.Contains("ns-c1/vs-0", "g7") {
+				return false
+			}
+		}
+		return true
+	})
+	f.noDeletions(t, except)
+}
+
+// A replica killed and restarted with an empty state directory, on the same addresses:
+// it serves no sink until it has followed every held cluster from its peers, so a sink that
+// connects to it gets the whole state in its first push, never a part.
+func TestReplicaRestartEmpty(t *testing.T) {
+	f := startFleet(t)
+	a, b, c := f.hubs[0], f.hubs[1], f.hubs[2]
+	a.Kill()
+	// c1 and c4 fail over to b (their next address); changed meanwhile.
+	f.heldBy(t, []*rt.Hub{b, c}, map[string]string{"c1": "b", "c4": "b"}, 30*time.Second)
+	f.w.Write("c4", "vs-1", 2)
+	a2 := f.w.StartHub("a", a, true, b.Gossip, c.Gossip)
+	late := f.w.StartSink("global-99", true, a2)
+	f.sinks = append(f.sinks, late)
+	ready := f.w.Eventually(30*time.Second, "the restarted replica serves the late sink", func() bool {
+		_, up := late.Streams()
+		return up && late.Names() != ""
+	})
+	first := strings.SplitN(late.FirstViews(), "\n", 2)[0]
+	if got, want := names(first), expected("global", nil); got != want {
+		t.Errorf("the restarted replica's first push to a sink was partial:\n got %s\nwant %s", got, want)
+	}
+	if !strings.Contains(first, "ns-c4/vs-1@c4/") {
+		t.Fatalf("first push lacks c4's vs-1: %s", first)
+	}
+	f.heldBy(t, []*rt.Hub{a2, b, c}, map[string]string{"c1": "b", "c2": "b", "c3": "c", "c4": "b"}, 10*time.Second)
+	f.w.Eventually(30*time.Second, "the late sink matches the others", func() bool { return late.View() == f.sinks[0].View() })
+	f.noDeletions(t, nil)
+	t.Logf("the replica restarted with an empty state directory served its first sink %v after it listened, with the complete state", ready.Round(time.Millisecond))
+}
+
+// names strips versions from a view: "n@cluster/version" -> "n@cluster".
+func names(view string) string {
+	var out []string
+	for _, e := range strings.Fields(view) {
+		if i := strings.LastIndexByte(e, '/'); i > strings.IndexByte(e, '@') {
+			e = e[:i]
+		}
+		out = append(out, e)
+	}
+	return strings.Join(out, " ")
+}
