@@ -208,7 +208,7 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]string{},
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
 		sends: make(chan []byte, 1024),
-		self: message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
+		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	if m.ml, err = memberlist.Create(mc); err != nil {

@@ -30,7 +30,7 @@ type Sink struct {
 	state    map[string]*mcpapi.Resource // name -> resource
 	removed  []string
 	pushes   int
-	firstSet string // the view after the first push of each stream, in order
+	firstSet string       // the view after the first push of each stream, in order
 	target   atomic.Value // string: the serve address of the current (or last) stream
 	streams  atomic.Int64
 	open     atomic.Int64
