@@ -103,6 +103,7 @@ type message struct {
 	Inc     int64           `json:"i"`
 	Ver     uint64          `json:"v"`
 	Full    bool            `json:"f,omitempty"`
+	Ask     bool            `json:"q,omitempty"` // Full: answer with your full state
 	Holding map[string]hold `json:"h,omitempty"` // Full: every live holding; else the one changed
 }
 
@@ -158,7 +159,7 @@ type Members struct {
 	closeErr  error
 	stop      chan struct{}
 	rejoined  sync.WaitGroup // the rejoin and send goroutines
-	sends     chan []byte    // deltas to send to every member over TCP
+	sends     chan outgoing  // messages to send over TCP
 
 	mu       sync.Mutex // guards the following fields
 	self     message    // Full, Holding without tombstones
@@ -207,7 +208,7 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	}
 	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]string{},
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
-		sends: make(chan []byte, 1024),
+		sends: make(chan outgoing, 1024),
 		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
@@ -236,26 +237,50 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	return m, nil
 }
 
-// send delivers each delta to every member over memberlist's reliable (TCP) channel as
-// well as by gossip: a broadcast's few transmissions may all be piggybacked on packets to
-// the same peer, and a handover must not wait for the next push/pull.
+// outgoing is a message for one member (to) or every member (to empty).
+type outgoing struct {
+	to  string
+	msg []byte
+}
+
+// enqueue queues a message for the send goroutine without blocking (gossip and push/pull
+// still carry the state if the queue is full).
+func (m *Members) enqueue(o outgoing) {
+	select {
+	case m.sends <- o:
+	default:
+	}
+}
+
+// send delivers messages over memberlist's reliable (TCP) channel: each holding change to
+// every member, as well as by gossip (a broadcast's few transmissions may all be
+// piggybacked on packets to the same peer, and a handover must not wait for the next
+// push/pull), and full states exchanged when a replica (re)joins.
 func (m *Members) send() {
 	defer m.rejoined.Done()
 	for {
 		select {
 		case <-m.stop:
 			return
-		case b := <-m.sends:
+		case o := <-m.sends:
 			for _, n := range m.ml.Members() {
-				if n.Name == m.cfg.Name {
+				if n.Name == m.cfg.Name || (o.to != "" && n.Name != o.to) {
 					continue
 				}
-				if err := m.ml.SendReliable(n, b); err != nil {
-					m.log.Debug("sending a holding change", "peer", n.Name, "err", err)
+				if err := m.ml.SendReliable(n, o.msg); err != nil {
+					m.log.Debug("sending to a replica", "peer", n.Name, "err", err)
 				}
 			}
 		}
 	}
+}
+
+// fullLocked is this replica's full state, asking for the receiver's when ask is set.
+func (m *Members) fullLocked(ask bool) []byte {
+	st := m.self
+	st.Ask = ask
+	b, _ := json.Marshal(st)
+	return b
 }
 
 // seeds returns the configured seeds and what SeedDNS resolves to now.
@@ -401,10 +426,7 @@ func (m *Members) changeLocked(cluster string, epoch uint64) {
 	d := message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}
 	if b, err := json.Marshal(d); err == nil {
 		m.queue.QueueBroadcast(broadcast{name: m.self.Name, cluster: cluster, msg: b})
-		select {
-		case m.sends <- b:
-		default: // gossip and push/pull still carry it
-		}
+		m.enqueue(outgoing{msg: b})
 	}
 	m.notifyLocked()
 }
@@ -504,6 +526,9 @@ func (m *Members) merge(b []byte) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if msg.Ask {
+		m.enqueue(outgoing{to: msg.Name, msg: m.fullLocked(false)})
+	}
 	if _, gone := m.gone[msg.Name]; gone {
 		return // a departed replica's late message must not bring it back
 	}
@@ -569,8 +594,7 @@ func (d delegate) GetBroadcasts(overhead, limit int) [][]byte {
 func (d delegate) LocalState(bool) []byte {
 	d.m.mu.Lock()
 	defer d.m.mu.Unlock()
-	b, _ := json.Marshal(d.m.self)
-	return b
+	return d.m.fullLocked(false)
 }
 
 func (d delegate) MergeRemoteState(b []byte, _ bool) { d.m.merge(b) }
@@ -583,10 +607,16 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
 	delete(e.m.gone, n.Name)
-	if p, ok := e.m.peers[n.Name]; ok && n.Name != e.m.cfg.Name {
+	if n.Name == e.m.cfg.Name {
+		return
+	}
+	if p, ok := e.m.peers[n.Name]; ok {
 		p.mcpAddr = string(n.Meta)
 	}
-	if _, ok := e.m.peers[n.Name]; !ok && n.Name != e.m.cfg.Name {
+	// Exchange full states now: what the peer sent while it was still gone here (a healed
+	// split, a quick restart) was dropped, and the next push/pull may be far off.
+	e.m.enqueue(outgoing{to: n.Name, msg: e.m.fullLocked(true)})
+	if _, ok := e.m.peers[n.Name]; !ok {
 		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}}
 		e.m.log.Info("replica joined", "peer", n.Name, "mcp_addr", string(n.Meta))
 		e.m.notifyLocked()

@@ -246,7 +246,7 @@ func FuzzMerge(f *testing.F) {
 func offline() *Members {
 	return &Members{cfg: Config{Name: "a"}, log: quiet(), peers: map[string]*peer{}, gone: map[string]string{}, maxEpoch: map[string]uint64{},
 		changed: make(chan struct{}, 1), self: message{Name: "a", Full: true, Holding: map[string]hold{}},
-		queue: &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 1 }, RetransmitMult: 1}, sends: make(chan []byte, 1024)}
+		queue: &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 1 }, RetransmitMult: 1}, sends: make(chan outgoing, 1024)}
 }
 
 // Holdings spread by broadcast alone (push/pull is an hour away).
@@ -305,5 +305,28 @@ func TestBroadcastRightAfterJoin(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// A full state that asks is answered with this replica's full state, even from a replica
+// still counted as gone (it has accepted this one, or it would not ask).
+func TestAskIsAnswered(t *testing.T) {
+	m := offline()
+	m.Hold("east")
+	for len(m.sends) > 0 {
+		<-m.sends
+	}
+	m.gone["b"] = "127.0.0.1:1"
+	m.merge([]byte(`{"n":"b","i":1,"v":1,"f":true,"q":true,"h":{"west":{"e":1,"v":1}}}`))
+	if len(m.sends) != 1 {
+		t.Fatalf("%d messages queued, want the answer", len(m.sends))
+	}
+	o := <-m.sends
+	got, err := decode(o.msg)
+	if err != nil || o.to != "b" || !got.Full || got.Ask || got.Holding["east"].Epoch != 1 {
+		t.Fatalf("answer to %q: %+v, %v", o.to, got, err)
+	}
+	if len(m.Authorities()) != 1 {
+		t.Fatalf("a gone replica's state was merged: %v", m.Authorities())
 	}
 }

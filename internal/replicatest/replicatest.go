@@ -102,6 +102,8 @@ type World struct {
 	bundle string
 	key    string // gossip key file
 
+	net *Net // nil: every replica on 127.0.0.1
+
 	mu      sync.Mutex
 	hubs    map[string]*Hub
 	minions map[string]*Minion
@@ -159,10 +161,17 @@ func (w *World) Delete(cluster, name string) {
 	}
 }
 
+// UseNet runs the replicas started from now on in n's namespaces, on their addresses there.
+func (w *World) UseNet(n *Net) { w.net = n }
+
 // config is the hub configuration every replica shares, for replica name.
 func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
+	host := "127.0.0.1"
+	if w.net != nil {
+		host = w.net.IP(name)
+	}
 	cfg := &hub.Config{
-		Ingest: "127.0.0.1:0", Serve: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+		Ingest: host + ":0", Serve: host + ":0", HTTP: host + ":0",
 		TrustDomain: TrustDomain,
 		StateDir:    filepath.Join(w.Dir, "state-"+name),
 		Collections: []string{Collection},
@@ -170,14 +179,14 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 		Backoff:     hub.BackoffConfig{Initial: hub.Duration{Duration: 50 * time.Millisecond}, Max: hub.Duration{Duration: 500 * time.Millisecond}},
 		Staleness:   hub.StalenessConfig{Default: w.opts.Staleness},
 		Limits:      hub.LimitsConfig{StreamsPerSecond: 1000, StreamBurst: 5000},
-		Replicas: &hub.ReplicasConfig{Name: name, Gossip: "127.0.0.1:0", Seeds: seeds, KeyFile: w.key, Profile: "local",
+		Replicas: &hub.ReplicasConfig{Name: name, Gossip: host + ":0", Seeds: seeds, KeyFile: w.key, Profile: "local",
 			ProbeInterval: hub.Duration{Duration: w.opts.ProbeInterval}, RejoinInterval: hub.Duration{Duration: time.Second},
 			GossipInterval: hub.Duration{Duration: 50 * time.Millisecond}},
 	}
 	if addrs != nil { // a restart keeps its addresses
 		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = addrs.Ingest, addrs.Serve, addrs.HTTP, addrs.Gossip
 	}
-	c, k, _ := w.ca.Issue(w.tb, w.Dir, "hub-"+name, "127.0.0.1", "spiffe://"+TrustDomain+"/hub/"+name)
+	c, k, _ := w.ca.Issue(w.tb, w.Dir, "hub-"+name, host, "spiffe://"+TrustDomain+"/hub/"+name)
 	cfg.TLS = &hub.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}
 	var odd, even []string
 	for i := 1; i <= w.opts.Clusters; i++ {
@@ -221,6 +230,9 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 	tlstest.WriteAtomic(w.tb, cfgPath, b)
 	h := &Hub{Name: name, logPath: filepath.Join(w.Dir, fmt.Sprintf("hub-%s.%d.log", name, time.Now().UnixNano())), done: make(chan struct{})}
 	h.cmd = exec.Command(filepath.Join(w.bins, "meshfed-hub"), "-config", cfgPath)
+	if w.net != nil { // ip execs the hub inside the namespace: same process
+		h.cmd = exec.Command("ip", "netns", "exec", w.net.ns[name], filepath.Join(w.bins, "meshfed-hub"), "-config", cfgPath)
+	}
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := h.cmd.StderrPipe()
 	if err != nil {
@@ -297,7 +309,7 @@ func (h *Hub) Kill() {
 
 // Get fetches one admin API path of the replica as JSON into v.
 func (h *Hub) Get(path string, v any) error {
-	c := http.Client{Timeout: 5 * time.Second}
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := c.Get("http://" + h.HTTP + path)
 	if err != nil {
 		return err

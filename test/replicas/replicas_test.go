@@ -268,3 +268,71 @@ func names(view string) string {
 	}
 	return strings.Join(out, " ")
 }
+
+// A network split between {a, b} and {c} (blackhole routes in the replicas' own network
+// namespaces; minions and sinks still reach every replica), changes made on both sides,
+// then the heal. During the split each side keeps serving what it had of the other side's
+// clusters (no deletion) and its own side's changes; after the heal the replicas merge
+// again and every sink converges to every change.
+func TestNetworkSplit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs hub and minion processes")
+	}
+	if why := rt.NetAvailable(); why != "" {
+		t.Skip(why)
+	}
+	w := rt.New(t, rt.Options{Clusters: clusters, Objects: objects})
+	n := rt.NewNet(t, "a", "b", "c")
+	w.UseNet(n)
+	a := w.StartHub("a", nil, true)
+	b := w.StartHub("b", nil, true, a.Gossip)
+	c := w.StartHub("c", nil, true, a.Gossip)
+	f := &fleet{w: w, hubs: []*rt.Hub{a, b, c}, mins: map[string]*rt.Minion{}}
+	for i, home := range []int{0, 1, 2, 0} {
+		name := rt.ClusterName(i + 1)
+		f.mins[name] = w.StartMinion(name, rotate(f.hubs, home)...)
+	}
+	for i := 0; i < 20; i++ {
+		f.sinks = append(f.sinks, w.StartSink(fmt.Sprintf("%s-%02d", group(i), i), i%2 == 0, f.hubs[i%3]))
+	}
+	f.converge(t, nil, 60*time.Second)
+	f.heldBy(t, f.hubs, map[string]string{"c1": "a", "c2": "b", "c3": "c", "c4": "a"}, 10*time.Second)
+
+	n.Split([]string{"a", "b"}, []string{"c"})
+	detect := w.Eventually(30*time.Second, "each side sees the other gone", func() bool {
+		ab, err1 := a.HeldBy()
+		cc, err2 := c.HeldBy()
+		return err1 == nil && err2 == nil && ab["c3"] == "" && cc["c1"] == "" && cc["c2"] == "" && cc["c4"] == ""
+	})
+	w.Write("c1", "vs-0", 2) // on a's side
+	w.Write("c3", "vs-0", 2) // on c's side
+	w.Eventually(30*time.Second, "each side serves its own side's change", func() bool {
+		for i, s := range f.sinks {
+			onC := i%3 == 2
+			if g := group(i); g != "even" && s.Contains("ns-c1/vs-0", "g2") == onC {
+				return false
+			}
+			if g := group(i); g != "even" && s.Contains("ns-c3/vs-0", "g2") != onC {
+				return false
+			}
+		}
+		return true
+	})
+	f.converge(t, nil, 10*time.Second) // no object missing on either side
+	f.noDeletions(t, nil)
+
+	n.Heal()
+	rejoined := f.heldBy(t, f.hubs, map[string]string{"c1": "a", "c2": "b", "c3": "c", "c4": "a"}, 30*time.Second)
+	merged := w.Eventually(30*time.Second, "every sink has both sides' changes", func() bool {
+		for i, s := range f.sinks {
+			if group(i) != "even" && (!s.Contains("ns-c1/vs-0", "g2") || !s.Contains("ns-c3/vs-0", "g2")) {
+				return false
+			}
+		}
+		return true
+	})
+	f.converge(t, nil, 10*time.Second)
+	f.noDeletions(t, nil)
+	t.Logf("split: each side saw the other gone %v after the cut; heal: every replica saw every holding again after %v, every sink had both sides' changes %v later",
+		detect.Round(time.Millisecond), rejoined.Round(time.Millisecond), merged.Round(time.Millisecond))
+}
