@@ -24,7 +24,9 @@ func main() {
 	changes := flag.Int("changes", 200, "changes measured per row")
 	resources := flag.Int("resources", 100, "resources in the collection")
 	size := flag.Int("size", 256, "bytes per resource body")
-	only := flag.String("only", "", "run only this table: engine, minion or hub")
+	only := flag.String("only", "", "run only this table: engine, minion, hub or replicas")
+	replicaSinks := flag.Int("replica-sinks", 1000, "sinks of the replica-kill scenario")
+	replicaChanges := flag.Int("replica-changes", 300, "changes measured per replica-count row")
 	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
 	hubResources := flag.String("hub-resources", "1000,100000,1000000", "stored resources of the hub CPU-per-change rows")
 	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
@@ -38,6 +40,38 @@ func main() {
 	if *only == "" || *only == "hub" {
 		hubTable(ints(*hubSinks), ints(*hubResources), *resources, *size)
 	}
+	if *only == "" || *only == "replicas" {
+		replicaTable(*replicaSinks, *replicaChanges)
+	}
+}
+
+func replicaTable(sinks, changes int) {
+	fmt.Println()
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "replica scenario (processes)\treplicas\tbaseline\tratio\tnotes\t")
+	k, err := bench.ReplicaKill(sinks)
+	if err != nil {
+		fail("replica kill", err)
+	}
+	fmt.Fprintf(w, "kill -9 of a replica, %d sinks: all connected and converged after\t%v\t%v\t%.2f\t%d sinks moved, %d deletions; baseline: the same sinks' first subscription and convergence\t\n",
+		k.Sinks, k.Recovery.Round(time.Millisecond), k.Initial.Round(time.Millisecond), float64(k.Recovery)/float64(k.Initial), k.Moved, k.Removals)
+	var one bench.CostResult
+	for _, n := range []int{1, 2, 3} {
+		c, err := bench.ReplicaChangeCost(n, changes)
+		if err != nil {
+			fail("replica cost", err)
+		}
+		if n == 1 {
+			one = c
+		}
+		extra := "-"
+		if n > 1 {
+			extra = fmt.Sprintf("%v per added replica", ((c.CPUPerChange - one.CPUPerChange) / time.Duration(n-1)).Round(10*time.Microsecond))
+		}
+		fmt.Fprintf(w, "CPU per change, %d replica(s), all processes\t%v\t%v\t%.2f\t%s; change reaches every replica's sink in %v; baseline: 1 replica\t\n",
+			n, c.CPUPerChange.Round(10*time.Microsecond), one.CPUPerChange.Round(10*time.Microsecond), float64(c.CPUPerChange)/float64(one.CPUPerChange), extra, c.Latency.Round(10*time.Microsecond))
+	}
+	w.Flush()
 }
 
 func ints(s string) []int {

@@ -284,6 +284,7 @@ func (r *runner) Helper()                           {}
 func (r *runner) Fatal(args ...any)                 { panic(fatal(fmt.Sprint(args...))) }
 func (r *runner) Fatalf(format string, args ...any) { panic(fatal(fmt.Sprintf(format, args...))) }
 func (r *runner) Cleanup(f func())                  { r.cleanups = append(r.cleanups, f) }
+func (r *runner) Logf(format string, args ...any)   {}
 func (r *runner) TempDir() string {
 	dir, err := os.MkdirTemp("", "meshfed-bench-")
 	if err != nil {

@@ -12,7 +12,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/types/known/anypb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/mcp"
@@ -174,4 +176,49 @@ func (s *Sink) Contains(name, text string) bool {
 func (s *Sink) Target() string {
 	t, _ := s.target.Load().(string)
 	return t
+}
+
+// Publisher is an MCP source in the test process pushing one cluster's resources to a
+// replica as that cluster (its certificate), like a minion without files in between.
+type Publisher struct {
+	Cache   *mcp.Cache
+	cluster string
+}
+
+// Publish starts pushing cluster's resources to h until the test ends.
+func (w *World) Publish(cluster string, h *Hub) *Publisher {
+	w.tb.Helper()
+	c, k, _ := w.ca.Issue(w.tb, w.Dir, "publisher-"+cluster, "spiffe://"+TrustDomain+"/cluster/"+cluster)
+	src, err := meshtls.NewSource(meshtls.Files{Cert: c, Key: k, CA: w.bundle}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	p := &Publisher{Cache: mcp.NewCache(Collection), cluster: cluster}
+	source, err := mcp.NewSource(mcp.SourceOptions{Watcher: p.Cache, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mcp.Redial(ctx, []string{h.Ingest}, credentials.NewTLS(src.ClientConfig("")), mcp.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond},
+			slog.New(slog.DiscardHandler), nil, func(ctx context.Context, conn *grpc.ClientConn) error { return source.PushTo(ctx, conn) })
+	}()
+	w.tb.Cleanup(func() { cancel(); <-done })
+	return p
+}
+
+// Put publishes VirtualService name of the cluster with marker in its spec (see
+// Sink.Contains).
+func (p *Publisher) Put(name, marker string) error {
+	ns := "ns-" + p.cluster
+	vs := &networking.VirtualService{Hosts: []string{name + "." + p.cluster + ".example.com"},
+		Http: []*networking.HTTPRoute{{Route: []*networking.HTTPRouteDestination{{Destination: &networking.Destination{Host: name + "." + ns + ".svc.cluster.local", Subset: marker}}}}}}
+	body, err := anypb.New(vs)
+	if err != nil {
+		return err
+	}
+	_, err = p.Cache.PutResources(Collection, &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: ns + "/" + name, Version: marker}, Body: body})
+	return err
 }
