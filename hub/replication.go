@@ -242,7 +242,12 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string][]*follow
 	auth := h.mem().Authorities()
 	self := h.cfg.Replicas.Name
 	wanted := map[string]bool{}
+	held, followed := map[string]bool{}, map[string]bool{}
+	var names []string
+	defer func() { h.metrics.replicaView(len(h.mem().Replicas()), held, followed, names) }()
 	for _, cs := range h.clusterList() {
+		names = append(names, cs.name)
+		held[cs.name] = h.mem().Holds(cs.name)
 		wanted[cs.name] = true
 		a, ok := auth[cs.name]
 		fs := follows[cs.name]
@@ -274,6 +279,7 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string][]*follow
 			fs = []*follow{cur}
 		}
 		follows[cs.name] = fs
+		followed[cs.name] = true
 	}
 	for c, fs := range follows {
 		if !wanted[c] {
@@ -290,6 +296,7 @@ func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Auth
 	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr, cancel: cancel, done: make(chan struct{})}
 	log := cs.log.With("from_replica", a.Replica, "addr", a.MCPAddr)
 	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
+	h.metrics.followStarted()
 	ctx = metadata.AppendToOutgoingContext(ctx, DevIdentityHeader, h.replicaID())
 	b := mcp.Backoff{Initial: h.cfg.Backoff.Initial.Duration, Max: h.cfg.Backoff.Max.Duration}
 	wg.Add(1)

@@ -29,6 +29,7 @@ import (
 	"github.com/meshfed/meshfed/internal/testbin"
 	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
 	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
@@ -105,8 +106,9 @@ type World struct {
 	net *Net // nil: every replica on 127.0.0.1
 
 	mu      sync.Mutex
-	hubs    map[string]*Hub
-	minions map[string]*Minion
+	hubs      map[string]*Hub
+	minions   map[string]*Minion
+	sinkCerts map[string]*meshtls.Source
 }
 
 // New prepares a world (nothing runs yet).
@@ -123,7 +125,7 @@ func New(tb TB, opts Options) *World {
 		opts.WarmUp = 20 * time.Second
 	}
 	w := &World{tb: tb, opts: opts, Dir: tb.TempDir(), bins: bins, ca: tlstest.NewCA(tb, "mesh-ca"),
-		hubs: map[string]*Hub{}, minions: map[string]*Minion{}}
+		hubs: map[string]*Hub{}, minions: map[string]*Minion{}, sinkCerts: map[string]*meshtls.Source{}}
 	w.bundle = filepath.Join(w.Dir, "ca.crt")
 	tlstest.WriteBundle(tb, w.bundle, w.ca)
 	w.key = filepath.Join(w.Dir, "gossip.key")

@@ -47,11 +47,7 @@ func (w *World) StartSink(name string, incremental bool, prefer ...*Hub) *Sink {
 	for _, h := range prefer {
 		addrs = append(addrs, h.Serve)
 	}
-	c, k, _ := w.ca.Issue(w.tb, w.Dir, "sink-"+name, "spiffe://"+TrustDomain+"/sink/"+name)
-	src, err := meshtls.NewSource(meshtls.Files{Cert: c, Key: k, CA: w.bundle}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		w.tb.Fatal(err)
-	}
+	src := w.SinkCert(name)
 	s := &Sink{Name: name, state: map[string]*mcpapi.Resource{}, done: make(chan struct{})}
 	var first atomic.Bool
 	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{Collection}, Node: &mcppb.SinkNode{Id: name}, FullStateOnly: !incremental,
@@ -79,6 +75,24 @@ func (w *World) StartSink(name string, incremental bool, prefer ...*Hub) *Sink {
 	}()
 	w.tb.Cleanup(func() { cancel(); <-s.done })
 	return s
+}
+
+// SinkCert issues (once) sink name's certificate and returns its TLS source: a benchmark
+// issues them all before it times the sinks' subscriptions.
+func (w *World) SinkCert(name string) *meshtls.Source {
+	w.tb.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if src := w.sinkCerts[name]; src != nil {
+		return src
+	}
+	c, k, _ := w.ca.Issue(w.tb, w.Dir, "sink-"+name, "spiffe://"+TrustDomain+"/sink/"+name)
+	src, err := meshtls.NewSource(meshtls.Files{Cert: c, Key: k, CA: w.bundle}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	w.sinkCerts[name] = src
+	return src
 }
 
 func (s *Sink) apply(c *mcp.Change, first bool) {
