@@ -105,7 +105,7 @@ type World struct {
 
 	net *Net // nil: every replica on 127.0.0.1
 
-	mu      sync.Mutex
+	mu        sync.Mutex
 	hubs      map[string]*Hub
 	minions   map[string]*Minion
 	sinkCerts map[string]*meshtls.Source
