@@ -40,8 +40,8 @@ type ReplicasConfig struct {
 	// Gossip is the memberlist address (UDP and TCP). Default 0.0.0.0:7946.
 	Gossip string `json:"gossip,omitempty"`
 	// Advertise is the address (host:port) peers dial to reach this replica's ingest
-	// listener. Default: the ingest listener's address, with the host name when it listens
-	// on every interface.
+	// listener. Default: the ingest listener's address; when it listens on every
+	// interface, the host's first private IPv4 address (a pod's IP) with its port.
 	Advertise string `json:"advertise,omitempty"`
 	// Seeds are other replicas' gossip addresses; SeedDNS a name:port resolving to them
 	// (a Kubernetes headless Service). Unreachable seeds are not an error: the first
@@ -142,8 +142,8 @@ func (h *Hub) startReplicas(ingest string) error {
 	if adv == "" {
 		host, port, _ := net.SplitHostPort(ingest)
 		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-			if host, _ = os.Hostname(); host == "" {
-				return errors.New("replicas.advertise: required: the ingest listener listens on every interface and the host has no name")
+			if host = privateIP(); host == "" {
+				return errors.New("replicas.advertise: required: the ingest listener listens on every interface and this host has no private address")
 			}
 		}
 		adv = net.JoinHostPort(host, port)
@@ -158,6 +158,29 @@ func (h *Hub) startReplicas(ingest string) error {
 	h.members.Store(m)
 	h.log.Info("replica started", "replica", rc.Name, "gossip", m.Addr(), "advertise", adv, "identity", h.replicaID())
 	return nil
+}
+
+// privateIP returns this host's first private IPv4 address (a pod's IP), else its first
+// global unicast address, else "".
+func privateIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	var global string
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.IsLoopback() {
+			continue
+		}
+		if n.IP.To4() != nil && n.IP.IsPrivate() {
+			return n.IP.String()
+		}
+		if global == "" && n.IP.IsGlobalUnicast() {
+			global = n.IP.String()
+		}
+	}
+	return global
 }
 
 // authenticatePeer admits a replica-to-replica stream only from a hub identity of the trust
