@@ -11,6 +11,12 @@
 // or a minion disconnected. An admin API explains clusters, sinks, conflicts, owners and
 // what a sink would receive.
 //
+// With a replicas section, several hubs act as one (replication.go): membership by
+// package hub/replicas (memberlist); each replica holds the clusters whose minion sessions
+// it has (the newest session's epoch wins), serves them as received to its peers over MCP
+// on the ingest listener, and follows the clusters the others hold, handing over without a
+// gap when a cluster's session moves.
+//
 // It does not watch Kubernetes or files (the minion does). Its only certificates are those
 // of its optional development CA (package tls).
 package hub
