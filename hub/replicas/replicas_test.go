@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -328,5 +329,18 @@ func TestAskIsAnswered(t *testing.T) {
 	}
 	if len(m.Authorities()) != 1 {
 		t.Fatalf("a gone replica's state was merged: %v", m.Authorities())
+	}
+}
+
+// A replica finds the others through a DNS name (a headless Service in Kubernetes; here
+// localhost, which resolves to the first replica's loopback address).
+func TestSeedDNS(t *testing.T) {
+	key := keyFile(t)
+	a := start(t, "a", key)
+	_, port, _ := net.SplitHostPort(a.Addr())
+	b := startWith(t, Config{Name: "b", Bind: "127.0.0.1:0", MCPAddr: "b", SeedDNS: "localhost:" + port, KeyFile: key, Local: true})
+	eventually(t, "b joined a through DNS", func() bool { return len(a.Replicas()) == 2 && len(b.Replicas()) == 2 })
+	if _, err := Start(Config{Name: "c", Bind: "127.0.0.1:0", SeedDNS: "no-port"}, quiet()); err == nil || !strings.Contains(err.Error(), "seedDNS") {
+		t.Fatalf("a seedDNS without a port: %v", err)
 	}
 }

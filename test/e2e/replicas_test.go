@@ -7,7 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
 	"github.com/meshfed/meshfed/hub"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
 // replicaConfig is twoClusterConfig as replica name of a group joining seeds.
@@ -132,6 +139,54 @@ func TestReplicasInProcess(t *testing.T) {
 	for i, s := range sinks {
 		if r := s.removals(); len(r) > 0 {
 			t.Errorf("sink %d saw deletions: %s", i, strings.Join(r, "; "))
+		}
+	}
+}
+
+// The replica-to-replica service on the ingest listener admits only replica identities,
+// and only for a cluster the replica holds: a cluster's minion may not read another
+// cluster's resources, and a replica that does not hold a cluster answers "not here"
+// instead of an empty state a follower would apply as deletions.
+func TestReplicaPeerStreamsRefused(t *testing.T) {
+	a, _ := startReplica(t, replicaConfig("a"))
+	dir := t.TempDir()
+	writeFile(t, dir, "shop/a.yaml", vsYAML("a", "shop", "", "a.shop.example.com"))
+	ingest, _, _ := a.Addrs()
+	runMinion(t, "east", dir, ingest)
+	waitFor(t, 10*time.Second, "a holds east", func() bool {
+		st := a.Replicas()
+		return st != nil && st.Authorities["east"].Replica == "a"
+	})
+	conn, err := grpc.NewClient(ingest, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, tc := range []struct {
+		identity, cluster string
+		code              codes.Code
+		want              string
+	}{
+		{"east", "east", codes.PermissionDenied, "not a hub replica identity"},
+		{"hub/x", "west", codes.FailedPrecondition, `does not hold cluster "west"`},
+		{"hub/x", "nope", codes.InvalidArgument, "not a configured cluster"},
+		{"hub/x", "east", codes.OK, ""},
+	} {
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), hub.DevIdentityHeader, tc.identity), 10*time.Second)
+		st, err := mcppb.NewResourceSourceClient(conn).EstablishResourceStream(ctx)
+		if err == nil {
+			err = st.Send(&mcppb.RequestResources{Collection: vs, SinkNode: &mcppb.SinkNode{Id: "x", Annotations: map[string]string{hub.ForwardClusterAnnotation: tc.cluster}}})
+		}
+		var m *mcppb.Resources
+		if err == nil {
+			m, err = st.Recv()
+		}
+		cancel()
+		switch {
+		case tc.code == codes.OK && (err != nil || len(m.GetResources()) != 1):
+			t.Errorf("%s following %s: %v, %d resources; want east's one resource", tc.identity, tc.cluster, err, len(m.GetResources()))
+		case tc.code != codes.OK && (status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s following %s: %v; want %v containing %q", tc.identity, tc.cluster, err, tc.code, tc.want)
 		}
 	}
 }
