@@ -45,4 +45,3 @@ func TestCheckingWatcherRefusesWithItsStatus(t *testing.T) {
 		t.Fatal("the stream did not end")
 	}
 }
-
