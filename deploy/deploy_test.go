@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -28,6 +30,7 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/kubetest"
@@ -210,10 +213,25 @@ func TestRenderedManifestsAreValidKubernetes(t *testing.T) {
 	}
 }
 
+// gossipPorts are the container's (and the gossip Service's) port names for memberlist,
+// which gossips over UDP and TCP on the same port number.
+var gossipPorts = map[string]corev1.Protocol{"gossip-tcp": corev1.ProtocolTCP, "gossip-udp": corev1.ProtocolUDP}
+
+// protocol is p, or TCP (Kubernetes' default for ports) when unset.
+func protocol(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
+}
+
 // TestHubConfigMapParses: the ConfigMap's hub.yaml is a valid hub configuration (the TLS
-// files it names need not exist: ParseConfig does not read them), and it agrees with the
-// Deployment: the -config path is the mounted key, the TLS files are the mounted Secret's
-// keys, and the listeners listen on every interface on the container's named ports.
+// and gossip key files it names need not exist: ParseConfig does not read them) for one
+// replica of several, and it agrees with the Deployment: the -config path is the mounted
+// key, the TLS files and the gossip key are the mounted Secrets' keys, the listeners and the
+// gossip address listen on every interface on the container's named ports, and seedDNS is
+// the headless gossip Service on that port. The replicas' name and advertise address are
+// left to their per-pod defaults.
 func TestHubConfigMapParses(t *testing.T) {
 	objs := mustRender(t, "hub")
 	cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "meshfed-hub"))
@@ -228,6 +246,27 @@ func TestHubConfigMapParses(t *testing.T) {
 	if cfg.Insecure || cfg.TLS == nil {
 		t.Error("hub.yaml: production configuration without tls (or with insecure)")
 	}
+	if cfg.Replicas == nil {
+		t.Fatal("hub.yaml: no replicas section: the Deployment's replicas would each be a separate hub, holding only the clusters that happen to connect to it")
+	}
+	// ParseConfig requires it with replicas; it is what the shared certificate's hub
+	// identity must be in.
+	if cfg.TrustDomain == "" {
+		t.Error("hub.yaml: no trustDomain: replicas authenticate each other as spiffe://<trustDomain>/hub/<name>")
+	}
+	// The defaults of name (the host name) and advertise (the pod IP) differ on every
+	// replica; a value in the shared ConfigMap would be the same for all of them.
+	var raw struct {
+		Replicas map[string]any `json:"replicas"`
+	}
+	if err := yaml.Unmarshal([]byte(data), &raw); err != nil {
+		t.Fatalf("ConfigMap meshfed-hub hub.yaml: %v", err)
+	}
+	for _, field := range []string{"name", "advertise"} {
+		if v, set := raw.Replicas[field]; set {
+			t.Errorf("hub.yaml replicas.%s is %v: leave it unset, so that each replica takes its pod's (every replica shares this ConfigMap)", field, v)
+		}
+	}
 
 	dep := typed[appsv1.Deployment](t, find(t, objs, "Deployment", "meshfed-hub"))
 	pod := dep.Spec.Template.Spec
@@ -237,7 +276,7 @@ func TestHubConfigMapParses(t *testing.T) {
 		volumes[v.Name] = v
 	}
 	// mounted returns the path at which the container sees key of the ConfigMap or Secret
-	// named source.
+	// named source, or "" if it does not mount it.
 	mounted := func(source, key string) string {
 		for _, m := range c.VolumeMounts {
 			v := volumes[m.Name]
@@ -250,30 +289,53 @@ func TestHubConfigMapParses(t *testing.T) {
 	if want := []string{"-config", mounted("meshfed-hub", "hub.yaml")}; !slices.Equal(c.Args, want) {
 		t.Errorf("hub args %q, want %q", c.Args, want)
 	}
-	for field, f := range map[string][2]string{
-		"certFile": {cfg.TLS.CertFile, "tls.crt"},
-		"keyFile":  {cfg.TLS.KeyFile, "tls.key"},
-		"caFile":   {cfg.TLS.CAFile, "ca.crt"},
+	for field, f := range map[string][3]string{
+		"tls.certFile":     {cfg.TLS.CertFile, "meshfed-hub-tls", "tls.crt"},
+		"tls.keyFile":      {cfg.TLS.KeyFile, "meshfed-hub-tls", "tls.key"},
+		"tls.caFile":       {cfg.TLS.CAFile, "meshfed-hub-tls", "ca.crt"},
+		"replicas.keyFile": {cfg.Replicas.KeyFile, "meshfed-hub-gossip", "key"},
 	} {
-		if want := mounted("meshfed-hub-tls", f[1]); f[0] != want {
-			t.Errorf("hub.yaml tls.%s is %q, want the Secret meshfed-hub-tls's %s at %q", field, f[0], f[1], want)
+		got, secret, key := f[0], f[1], f[2]
+		want := mounted(secret, key)
+		if want == "" {
+			t.Errorf("hub.yaml %s: the container does not mount the Secret %s", field, secret)
+		} else if got != want {
+			t.Errorf("hub.yaml %s is %q, want the Secret %s's %s at %q", field, got, secret, key, want)
 		}
 	}
-	ports := map[string]int32{}
+	ports := map[string]corev1.ContainerPort{}
 	for _, p := range c.Ports {
-		ports[p.Name] = p.ContainerPort
+		ports[p.Name] = p
 	}
 	for field, addr := range map[string]string{"ingest": cfg.Ingest, "serve": cfg.Serve, "http": cfg.HTTP} {
-		if want := fmt.Sprintf("0.0.0.0:%d", ports[field]); addr != want {
+		if want := fmt.Sprintf("0.0.0.0:%d", ports[field].ContainerPort); addr != want {
 			t.Errorf("hub.yaml %s is %q, want %q (every interface, the container's port %q)", field, addr, want, field)
 		}
+	}
+	for name, proto := range gossipPorts {
+		p, ok := ports[name]
+		if !ok || protocol(p.Protocol) != proto {
+			t.Errorf("hub container: no %s port %q for replicas.gossip (memberlist uses both UDP and TCP)", proto, name)
+			continue
+		}
+		if want := fmt.Sprintf("0.0.0.0:%d", p.ContainerPort); cfg.Replicas.Gossip != want {
+			t.Errorf("hub.yaml replicas.gossip is %q, want %q (every interface, the container's port %q)", cfg.Replicas.Gossip, want, name)
+		}
+	}
+	// The seeds are every hub pod, on the gossip port: seedDNS resolves the headless
+	// Service's name to the pods' IPs, and memberlist dials them on seedDNS's port.
+	gsvc := find(t, objs, "Service", "meshfed-hub-gossip")
+	_, gossipPort, _ := net.SplitHostPort(cfg.Replicas.Gossip)
+	if want := fmt.Sprintf("%s.%s.svc.cluster.local:%s", gsvc.name(), gsvc.namespace(), gossipPort); cfg.Replicas.SeedDNS != want {
+		t.Errorf("hub.yaml replicas.seedDNS is %q, want %q (the headless Service %s, on the gossip port)", cfg.Replicas.SeedDNS, want, gsvc.name())
 	}
 }
 
 // TestHubObjectsAgree checks what the apiserver does not: the hub base has the expected
-// objects (and no Secret: that comes from the user's PKI), and the Service, the
-// PodDisruptionBudget and the NetworkPolicy select the hub's pods, on ports the container
-// has.
+// objects (and no Secret: the TLS one comes from the user's PKI, the gossip key from the
+// operator), the Deployment runs three replicas that rollouts and drains replace one at a
+// time, preferably on different nodes, and the Services, the PodDisruptionBudget and the
+// NetworkPolicy select the hub's pods, on ports (numbers and protocols) the container has.
 func TestHubObjectsAgree(t *testing.T) {
 	objs := mustRender(t, "hub")
 	var got []string
@@ -281,7 +343,7 @@ func TestHubObjectsAgree(t *testing.T) {
 		got = append(got, o.kind()+"/"+o.name())
 	}
 	want := []string{"Namespace/meshfed", "ServiceAccount/meshfed-hub", "ConfigMap/meshfed-hub", "Deployment/meshfed-hub",
-		"Service/meshfed-hub", "PodDisruptionBudget/meshfed-hub", "NetworkPolicy/meshfed-hub"}
+		"Service/meshfed-hub", "Service/meshfed-hub-gossip", "PodDisruptionBudget/meshfed-hub", "NetworkPolicy/meshfed-hub"}
 	if !slices.Equal(got, want) {
 		t.Errorf("hub base renders %q, want %q", got, want)
 	}
@@ -310,31 +372,81 @@ func TestHubObjectsAgree(t *testing.T) {
 		}
 	}
 	selects("Deployment", dep.Spec.Selector)
-	ports := map[string]int32{}
+
+	// Three replicas, replaced one at a time, the new one first: an old replica goes only
+	// once its replacement is ready, i.e. has followed every held cluster from its peers.
+	if r := dep.Spec.Replicas; r == nil || *r != 3 {
+		t.Errorf("Deployment replicas %v, want 3", ptrString(r))
+	}
+	st := dep.Spec.Strategy
+	if ru := st.RollingUpdate; st.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
+		ru.MaxSurge == nil || ru.MaxSurge.String() != "1" || ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "0" {
+		t.Errorf("Deployment strategy %q %+v, want RollingUpdate with maxSurge 1 and maxUnavailable 0 (a new replica is ready before an old one goes)", st.Type, ru)
+	}
+	// Preferably one replica per node. Preferred only: required, it would leave the
+	// rollout's extra replica unschedulable on a cluster with as many nodes as replicas.
+	if aff := dep.Spec.Template.Spec.Affinity; aff == nil || aff.PodAntiAffinity == nil || len(aff.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+		t.Error("Deployment: no preferred podAntiAffinity: all replicas may land on one node")
+	} else {
+		if len(aff.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			t.Error("Deployment: required podAntiAffinity: the rollout's extra replica would not schedule where there are only as many nodes as replicas")
+		}
+		for i, w := range aff.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+			if w.PodAffinityTerm.TopologyKey != corev1.LabelHostname {
+				t.Errorf("Deployment podAntiAffinity[%d]: topologyKey %q, want %s", i, w.PodAffinityTerm.TopologyKey, corev1.LabelHostname)
+			}
+			selects(fmt.Sprintf("Deployment podAntiAffinity[%d]", i), w.PodAffinityTerm.LabelSelector)
+		}
+	}
+
+	ports := map[string]corev1.ContainerPort{}
 	for _, p := range dep.Spec.Template.Spec.Containers[0].Ports {
-		ports[p.Name] = p.ContainerPort
+		p.Protocol = protocol(p.Protocol)
+		ports[p.Name] = p
+	}
+	// service checks that svc selects the hub's pods and that its ports, named names, each
+	// reach the container's port of the same name, number and protocol.
+	service := func(svc *corev1.Service, names ...string) {
+		t.Helper()
+		selects("Service "+svc.Name, &metav1.LabelSelector{MatchLabels: svc.Spec.Selector})
+		var got []string
+		for _, p := range svc.Spec.Ports {
+			got = append(got, p.Name)
+			c, ok := ports[p.Name]
+			if !ok || p.TargetPort.StrVal != p.Name || c.ContainerPort != p.Port || c.Protocol != protocol(p.Protocol) {
+				t.Errorf("Service %s port %s (%d/%s -> %s) does not reach the container's port %s (%d/%s)",
+					svc.Name, p.Name, p.Port, protocol(p.Protocol), p.TargetPort.String(), p.Name, c.ContainerPort, c.Protocol)
+			}
+		}
+		if !slices.Equal(got, names) {
+			t.Errorf("Service %s ports %q, want %q", svc.Name, got, names)
+		}
 	}
 
 	svc := typed[corev1.Service](t, find(t, objs, "Service", "meshfed-hub"))
-	selects("Service", &metav1.LabelSelector{MatchLabels: svc.Spec.Selector})
-	var svcPorts []string
-	for _, p := range svc.Spec.Ports {
-		svcPorts = append(svcPorts, p.Name)
-		if p.TargetPort.StrVal != p.Name || ports[p.Name] != p.Port {
-			t.Errorf("Service port %s (%d -> %s) does not reach the container's port %s (%d)", p.Name, p.Port, p.TargetPort.String(), p.Name, ports[p.Name])
+	service(svc, "ingest", "serve", "http")
+	if !svc.Spec.PublishNotReadyAddresses {
+		t.Error("Service meshfed-hub: publishNotReadyAddresses must be true: minions must reach a replica that is warming up (not ready) to resync it")
+	}
+
+	gsvc := typed[corev1.Service](t, find(t, objs, "Service", "meshfed-hub-gossip"))
+	service(gsvc, "gossip-tcp", "gossip-udp")
+	for _, p := range gsvc.Spec.Ports {
+		if want, ok := gossipPorts[p.Name]; ok && protocol(p.Protocol) != want {
+			t.Errorf("Service meshfed-hub-gossip port %s: protocol %s, want %s", p.Name, protocol(p.Protocol), want)
 		}
 	}
-	if !slices.Equal(svcPorts, []string{"ingest", "serve", "http"}) {
-		t.Errorf("Service ports %q, want ingest, serve, http", svcPorts)
+	if gsvc.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Errorf("Service meshfed-hub-gossip: clusterIP %q, want None (headless: replicas.seedDNS must resolve to every replica, not to one virtual IP)", gsvc.Spec.ClusterIP)
 	}
-	if !svc.Spec.PublishNotReadyAddresses {
-		t.Error("Service: publishNotReadyAddresses must be true: minions must reach a hub that is warming up (not ready) to resync it")
+	if !gsvc.Spec.PublishNotReadyAddresses {
+		t.Error("Service meshfed-hub-gossip: publishNotReadyAddresses must be true: a replica is not ready until it has joined its peers (on a first install, none is)")
 	}
 
 	pdb := typed[policyv1.PodDisruptionBudget](t, find(t, objs, "PodDisruptionBudget", "meshfed-hub"))
 	selects("PodDisruptionBudget", pdb.Spec.Selector)
-	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 {
-		t.Errorf("PodDisruptionBudget minAvailable %v, want 1", pdb.Spec.MinAvailable)
+	if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.String() != "1" {
+		t.Errorf("PodDisruptionBudget minAvailable %v, maxUnavailable %v: want maxUnavailable 1 only (drains evict one replica at a time)", pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
 	}
 
 	np := typed[networkingv1.NetworkPolicy](t, find(t, objs, "NetworkPolicy", "meshfed-hub"))
@@ -342,15 +454,22 @@ func TestHubObjectsAgree(t *testing.T) {
 	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
 		t.Errorf("NetworkPolicy policyTypes %v, want [Ingress] (egress unrestricted)", np.Spec.PolicyTypes)
 	}
-	// from[port] is who may reach a port: "anyone", "prometheus", or "other".
-	from := map[int32][]string{}
+	// from[protocol/port] is who may reach a port: "anyone", "prometheus" (Prometheus pods
+	// in any namespace), "hub-pods" (the Deployment's pods, in the policy's namespace), or
+	// "other".
+	from := map[string][]string{}
 	for _, r := range np.Spec.Ingress {
 		who := "anyone"
 		if len(r.From) > 0 {
 			who = "other"
-			if len(r.From) == 1 && r.From[0].NamespaceSelector != nil && len(r.From[0].NamespaceSelector.MatchLabels)+len(r.From[0].NamespaceSelector.MatchExpressions) == 0 &&
-				r.From[0].PodSelector != nil && r.From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] == "prometheus" {
+			f := r.From[0]
+			switch {
+			case len(r.From) != 1 || f.IPBlock != nil || f.PodSelector == nil:
+			case f.NamespaceSelector != nil && len(f.NamespaceSelector.MatchLabels)+len(f.NamespaceSelector.MatchExpressions) == 0 &&
+				f.PodSelector.MatchLabels["app.kubernetes.io/name"] == "prometheus":
 				who = "prometheus"
+			case f.NamespaceSelector == nil && reflect.DeepEqual(f.PodSelector, dep.Spec.Selector):
+				who = "hub-pods"
 			}
 		}
 		for _, p := range r.Ports {
@@ -358,14 +477,43 @@ func TestHubObjectsAgree(t *testing.T) {
 				t.Errorf("NetworkPolicy: rule port %v: want a port number", p.Port)
 				continue
 			}
-			from[p.Port.IntVal] = append(from[p.Port.IntVal], who)
+			proto := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				proto = *p.Protocol
+			}
+			key := fmt.Sprintf("%s/%d", proto, p.Port.IntVal)
+			from[key] = append(from[key], who)
 		}
 	}
-	for name, want := range map[string]string{"ingest": "anyone", "serve": "anyone", "http": "prometheus"} {
-		if got := from[ports[name]]; !slices.Equal(got, []string{want}) {
-			t.Errorf("NetworkPolicy: port %s (%d) is open to %q, want %q only", name, ports[name], got, want)
+	wantFrom := map[string]string{"ingest": "anyone", "serve": "anyone", "http": "prometheus", "gossip-tcp": "hub-pods", "gossip-udp": "hub-pods"}
+	for name, p := range ports {
+		want, ok := wantFrom[name]
+		if !ok {
+			t.Errorf("container port %s: this test does not say who may reach it", name)
+			continue
+		}
+		key := fmt.Sprintf("%s/%d", p.Protocol, p.ContainerPort)
+		if got := from[key]; !slices.Equal(got, []string{want}) {
+			t.Errorf("NetworkPolicy: port %s (%s) is open to %q, want %q only", name, key, got, want)
+		}
+		delete(from, key)
+	}
+	for name := range wantFrom {
+		if _, ok := ports[name]; !ok {
+			t.Errorf("the hub container has no port %s", name)
 		}
 	}
+	for key, who := range from {
+		t.Errorf("NetworkPolicy: opens %s to %q, which is no port of the hub container", key, who)
+	}
+}
+
+// ptrString is *p, or "nil".
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*p)
 }
 
 // TestDeploymentsAreHardened: every container of both Deployments runs as a non-root user
