@@ -266,6 +266,9 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 				case "replica started":
 					a = [2]string{"gossip", ev.Gossip}
 				}
+				if a[0] == "" {
+					continue
+				}
 				select {
 				case addrs <- a:
 				default: // nobody reads after the start: never block the hub's stderr
@@ -282,7 +285,6 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 		select {
 		case a := <-addrs:
 			switch a[0] {
-			case "":
 			case "ingest":
 				h.Ingest = a[1]
 			case "serve":

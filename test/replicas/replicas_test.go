@@ -336,3 +336,51 @@ func TestNetworkSplit(t *testing.T) {
 	t.Logf("split: each side saw the other gone %v after the cut; heal: every replica saw every holding again after %v, every sink had both sides' changes %v later",
 		detect.Round(time.Millisecond), rejoined.Round(time.Millisecond), merged.Round(time.Millisecond))
 }
+
+// Five rounds of churn: each round kills a replica (SIGKILL), changes a cluster while it is
+// down and restarts it with an empty state directory on its addresses. After each round
+// every cluster is held by a live replica, every sink has every change, and no sink was
+// ever sent a deletion.
+func TestReplicaChurn(t *testing.T) {
+	f := startFleet(t)
+	for round := 0; round < 5; round++ {
+		victim := round % 3
+		old := f.hubs[victim]
+		old.Kill()
+		cluster := rt.ClusterName(round%clusters + 1)
+		marker := fmt.Sprintf("g%d", round+10)
+		f.w.Write(cluster, "vs-1", round+10)
+		var seeds []string
+		for i, h := range f.hubs {
+			if i != victim {
+				seeds = append(seeds, h.Gossip)
+			}
+		}
+		f.hubs[victim] = f.w.StartHub(old.Name, old, true, seeds...)
+		f.w.Eventually(60*time.Second, fmt.Sprintf("round %d: every cluster held, everywhere", round), func() bool {
+			for _, h := range f.hubs {
+				held, err := h.HeldBy()
+				if err != nil || len(held) != clusters {
+					return false
+				}
+			}
+			return true
+		})
+		f.w.Eventually(60*time.Second, fmt.Sprintf("round %d: every sink has %s's change", round, cluster), func() bool {
+			for i, s := range f.sinks {
+				if routes(group(i), cluster) && !s.Contains("ns-"+cluster+"/vs-1", marker) {
+					return false
+				}
+			}
+			return true
+		})
+		f.converge(t, nil, 30*time.Second)
+	}
+	f.noDeletions(t, nil)
+}
+
+// routes reports whether sinks of group g receive cluster.
+func routes(g, cluster string) bool {
+	odd := (cluster[len(cluster)-1]-'0')%2 == 1
+	return g == "global" || (g == "odd") == odd
+}
