@@ -171,13 +171,29 @@ func (c *client) status(ctx context.Context) error {
 		return err
 	}
 	w := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "CLUSTER\tCONNECTED\tSYNCED\tRESOURCES\tREJECTED\tLOST CONFLICTS\tLAST CONTACT")
+	replicated := false // a replica: show which replica holds each cluster
+	for _, cl := range clusters {
+		replicated = replicated || cl.HeldBy != nil
+	}
+	head := "CLUSTER\tCONNECTED\tSYNCED\tRESOURCES\tREJECTED\tLOST CONFLICTS\tLAST CONTACT"
+	if replicated {
+		head += "\tHELD BY"
+	}
+	fmt.Fprintln(w, head)
 	for _, cl := range clusters {
 		last := "never"
 		if cl.LastContact != nil {
 			last = time.Since(*cl.LastContact).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(w, "%s\t%v\t%v\t%d\t%d\t%d\t%s\n", cl.Name, cl.Connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
+		fmt.Fprintf(w, "%s\t%v\t%v\t%d\t%d\t%d\t%s", cl.Name, cl.Connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
+		if replicated {
+			held := "-"
+			if cl.HeldBy != nil {
+				held = fmt.Sprintf("%s (epoch %d)", cl.HeldBy.Replica, cl.HeldBy.Epoch)
+			}
+			fmt.Fprintf(w, "\t%s", held)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "SINK\tIDENTITY\tNODE\tRULES\tCOLLECTIONS (acked/pushed)\tNACKS")

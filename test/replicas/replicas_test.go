@@ -1,6 +1,8 @@
 package replicas
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/internal/golden"
 	rt "github.com/meshfed/meshfed/internal/replicatest"
 )
@@ -147,6 +150,17 @@ func TestReplicasConverge(t *testing.T) {
 		t.Errorf("converged views differ from %s (run with -update to accept):\n%s", path, got.String())
 	}
 	f.noDeletions(t, nil)
+
+	// The operator's view: hub status on any replica says who holds each cluster.
+	var out bytes.Buffer
+	if err := admin.Run(context.Background(), []string{"status", "-admin", f.hubs[2].HTTP}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"HELD BY", "a (epoch 1)", "b (epoch 1)", "c (epoch 1)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("hub status lacks %q:\n%s", want, out.String())
+		}
+	}
 }
 
 // kill -9 of the replica holding c2: c2's minion fails over and is held by the replica it
