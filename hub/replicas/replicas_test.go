@@ -58,6 +58,19 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// allJoined waits until every member sees all of them.
+func allJoined(t *testing.T, all []*Members) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d replicas", len(all)), func() bool {
+		for _, m := range all {
+			if len(m.Replicas()) != len(all) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func authority(m *Members, cluster string) string {
 	r, e, ok := m.Authority(cluster)
 	if !ok {
@@ -72,14 +85,7 @@ func TestHoldingsAndEpochs(t *testing.T) {
 	b := start(t, "b", key, a.Addr())
 	c := start(t, "c", key, a.Addr())
 	all := []*Members{a, b, c}
-	eventually(t, "three replicas", func() bool {
-		for _, m := range all {
-			if len(m.Replicas()) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	allJoined(t, all)
 	if got := b.Replicas()[0].MCPAddr; got != "127.0.0.1:1a" {
 		t.Errorf("a's MCP address as b sees it: %q", got)
 	}
@@ -261,14 +267,7 @@ func TestBroadcastSpreads(t *testing.T) {
 	b := startWith(t, cfg("b", a.Addr()))
 	c := startWith(t, cfg("c", a.Addr()))
 	all := []*Members{a, b, c}
-	eventually(t, "three replicas", func() bool {
-		for _, m := range all {
-			if len(m.Replicas()) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	allJoined(t, all)
 	for round := 0; round < 5; round++ {
 		for i, m := range all {
 			m.Hold(fmt.Sprintf("c%d-%d", i, round))

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/internal/kubetest"
 	"github.com/meshfed/meshfed/internal/testbin"
 	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
@@ -33,13 +34,10 @@ import (
 	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
-// TB is what the world needs of a test (testing.TB, or a benchmark's runner).
+// TB is what the world needs of a test (testing.TB, or a benchmark's runner): what a
+// kube-apiserver environment needs, and Logf for the processes' logs.
 type TB interface {
-	Helper()
-	Fatal(args ...any)
-	Fatalf(format string, args ...any)
-	Cleanup(func())
-	TempDir() string
+	kubetest.TB
 	Logf(format string, args ...any)
 }
 

@@ -67,7 +67,12 @@ func startFleet(t *testing.T) *fleet {
 	if testing.Short() {
 		t.Skip("runs hub and minion processes")
 	}
-	w := rt.New(t, rt.Options{Clusters: clusters, Objects: objects})
+	return startFleetOn(t, rt.New(t, rt.Options{Clusters: clusters, Objects: objects}))
+}
+
+// startFleetOn starts the fleet in w (which may have a network: World.UseNet).
+func startFleetOn(t *testing.T, w *rt.World) *fleet {
+	t.Helper()
 	a := w.StartHub("a", nil, true)
 	b := w.StartHub("b", nil, true, a.Gossip)
 	c := w.StartHub("c", nil, true, a.Gossip)
@@ -298,18 +303,8 @@ func TestNetworkSplit(t *testing.T) {
 	w := rt.New(t, rt.Options{Clusters: clusters, Objects: objects})
 	n := rt.NewNet(t, "a", "b", "c")
 	w.UseNet(n)
-	a := w.StartHub("a", nil, true)
-	b := w.StartHub("b", nil, true, a.Gossip)
-	c := w.StartHub("c", nil, true, a.Gossip)
-	f := &fleet{w: w, hubs: []*rt.Hub{a, b, c}, mins: map[string]*rt.Minion{}}
-	for i, home := range []int{0, 1, 2, 0} {
-		name := rt.ClusterName(i + 1)
-		f.mins[name] = w.StartMinion(name, rotate(f.hubs, home)...)
-	}
-	for i := 0; i < 20; i++ {
-		f.sinks = append(f.sinks, w.StartSink(fmt.Sprintf("%s-%02d", group(i), i), i%2 == 0, f.hubs[i%3]))
-	}
-	f.converge(t, nil, 60*time.Second)
+	f := startFleetOn(t, w)
+	a, c := f.hubs[0], f.hubs[2]
 	f.heldBy(t, f.hubs, map[string]string{"c1": "a", "c2": "b", "c3": "c", "c4": "a"}, 10*time.Second)
 
 	n.Split([]string{"a", "b"}, []string{"c"})
@@ -322,7 +317,7 @@ func TestNetworkSplit(t *testing.T) {
 	w.Write("c3", "vs-0", 2) // on c's side
 	w.Eventually(30*time.Second, "each side serves its own side's change", func() bool {
 		for i, s := range f.sinks {
-			onC := i%3 == 2
+			onC := s.Target() == c.Serve
 			if g := group(i); g != "even" && s.Contains("ns-c1/vs-0", "g2") == onC {
 				return false
 			}
