@@ -310,7 +310,9 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 		cs.log.Warn("resource rejected", "collection", c.Collection, "resource", r.Resource, "reason", r.Reason)
 	}
 	h.metrics.resources(cs.name, c.Collection, h.store.counts(cs.name)[c.Collection])
-	h.noteSynced(cs, sink, c.Collection)
+	if !c.More { // a split push has delivered the collection at its last chunk
+		h.noteSynced(cs, sink, c.Collection)
+	}
 	if len(rejected) == 0 {
 		return nil
 	}

@@ -50,8 +50,13 @@ type Change struct {
 	Resources []*mcpapi.Resource
 	// Removed names, for incremental pushes.
 	Removed []string
-	// SystemVersionInfo as sent by the source, for logs only.
+	// SystemVersionInfo as sent by the source, for logs.
 	SystemVersionInfo string
+	// More: this push is one chunk of a version the source split to fit the message size,
+	// and more chunks of it follow (said by this engine's sources in SystemVersionInfo;
+	// false for any other source). A caller that tracks "this collection has been
+	// delivered" waits for the chunk without More.
+	More bool
 }
 
 // SinkOptions configure a Sink.
@@ -243,7 +248,8 @@ func (k *Sink) handle(ctx context.Context, st MsgStream, info *StreamInfo, log *
 		err = checkDuplicates(p)
 	}
 	if err == nil {
-		c := &Change{Stream: info, Collection: p.Collection, Incremental: p.Incremental, Entries: p.Entries, Resources: p.Resources, Removed: p.Removed, SystemVersionInfo: p.SystemVersionInfo}
+		c := &Change{Stream: info, Collection: p.Collection, Incremental: p.Incremental, Entries: p.Entries, Resources: p.Resources, Removed: p.Removed, SystemVersionInfo: p.SystemVersionInfo,
+			More: moreChunks(p.SystemVersionInfo)}
 		if aerr := k.opts.Applier.Apply(ctx, c); aerr != nil {
 			err = aerr
 			if StatusCode(aerr) == codes.Unknown {

@@ -441,11 +441,17 @@ func (ss *sourceStream) sendIncremental(c *sourceCollection, version uint64, who
 	return ss.send(c, chunks[0], version, true, len(updated), chunks[1:])
 }
 
-// split cuts an incremental change into bodies of at most maxSize. Entries that alone exceed
-// maxSize are left out and reported.
+// split cuts an incremental change into bodies of at most maxSize, each marked as chunk i
+// of n in its system_version_info (see chunkVersion). Entries that alone exceed maxSize are
+// left out and reported.
 func (ss *sourceStream) split(c *sourceCollection, version uint64, updated []*Entry, removed []string, maxSize int) [][]byte {
-	overhead := len(c.name) + 64
-	var chunks [][]byte
+	// The marker's digits are part of the overhead: at most 20 + 2×10 more bytes.
+	overhead := len(c.name) + 64 + len(chunkMarker) + 21
+	type part struct {
+		entries []*Entry
+		removed []string
+	}
+	var parts []part
 	var cur []*Entry
 	curSize := overhead
 	for _, e := range updated {
@@ -456,7 +462,7 @@ func (ss *sourceStream) split(c *sourceCollection, version uint64, updated []*En
 			continue
 		}
 		if curSize+sz > maxSize {
-			chunks = append(chunks, encodeBody(c.name, version, cur, nil, true))
+			parts = append(parts, part{entries: cur})
 			cur, curSize = nil, overhead
 		}
 		cur = append(cur, e)
@@ -466,14 +472,18 @@ func (ss *sourceStream) split(c *sourceCollection, version uint64, updated []*En
 	for _, r := range removed {
 		sz := removedFieldSize(r)
 		if curSize+sz > maxSize {
-			chunks = append(chunks, encodeBody(c.name, version, cur, rem, true))
+			parts = append(parts, part{entries: cur, removed: rem})
 			cur, rem, curSize = nil, nil, overhead
 		}
 		rem = append(rem, r)
 		curSize += sz
 	}
 	if len(cur) > 0 || len(rem) > 0 {
-		chunks = append(chunks, encodeBody(c.name, version, cur, rem, true))
+		parts = append(parts, part{entries: cur, removed: rem})
+	}
+	chunks := make([][]byte, len(parts))
+	for i, p := range parts {
+		chunks[i] = encodeBodyAs(c.name, chunkVersion(version, i+1, len(parts)), p.entries, p.removed, true)
 	}
 	return chunks
 }

@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -258,10 +259,11 @@ func TestSourceSplitsIncrementalPushesAndRefusesOversizedFullState(t *testing.T)
 		src := newTestSource(t, c, func(o *SourceOptions) { o.MaxMessageSize = maxSize; o.Metrics = reg.m })
 		sink := newRawSink(t, src, d)
 		sink.request(vs, true, nil)
-		var got []string
+		var got, versions []string
 		pushes := 0
 		for len(got) < len(all) {
 			m := sink.next()
+			versions = append(versions, m.SystemVersionInfo)
 			if size := protoSize(m); size > maxSize {
 				t.Fatalf("push of %d bytes exceeds the %d limit", size, maxSize)
 			}
@@ -274,6 +276,12 @@ func TestSourceSplitsIncrementalPushesAndRefusesOversizedFullState(t *testing.T)
 		}
 		if pushes < 2 || !equal(sortedCopy(got), all) {
 			t.Fatalf("%d pushes delivered %d resources", pushes, len(got))
+		}
+		// Each chunk says it is one, and all but the last that more follow.
+		for i, v := range versions {
+			if want := fmt.Sprintf(";chunk=%d/%d", i+1, pushes); !strings.HasSuffix(v, want) || moreChunks(v) != (i < pushes-1) {
+				t.Errorf("chunk %d: system_version_info %q (more %v), want suffix %q", i+1, v, moreChunks(v), want)
+			}
 		}
 		// A full-state sink cannot be split for: nothing is sent, the error is counted.
 		sink.request(dr, false, nil)
@@ -323,6 +331,30 @@ func TestStreamInfoCloseEndsTheStream(t *testing.T) {
 			t.Logf("stream ended: %v", err)
 		case <-time.After(10 * time.Second):
 			t.Fatal("the stream did not end")
+		}
+	})
+}
+
+func TestMoreChunks(t *testing.T) {
+	for v, want := range map[string]bool{
+		"12": false, "12;chunk=1/3": true, "12;chunk=2/3": true, "12;chunk=3/3": false, "12;chunk=4/3": false,
+		"12;chunk=0/3": false, "12;chunk=x/3": false, "12;chunk=1": false, "": false, "istio 2020-01-01": false,
+	} {
+		if got := moreChunks(v); got != want {
+			t.Errorf("moreChunks(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func FuzzMoreChunks(f *testing.F) {
+	f.Add("12;chunk=1/3")
+	f.Add("7")
+	f.Fuzz(func(t *testing.T, v string) {
+		more := moreChunks(v)
+		var version uint64
+		var i, n int
+		if _, err := fmt.Sscanf(v, "%d;chunk=%d/%d", &version, &i, &n); err == nil && chunkVersion(version, i, n) == v && more != (i >= 1 && i < n) {
+			t.Fatalf("moreChunks(%q) = %v", v, more)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"unicode/utf8"
 
@@ -191,7 +192,38 @@ func removedFieldSize(name string) int {
 // encodeBody assembles a Resources message without its nonce: the nonce is appended per
 // stream when the frame is sent (field order does not matter on the wire).
 func encodeBody(collection string, version uint64, entries []*Entry, removed []string, incremental bool) []byte {
-	sysVersion := strconv.FormatUint(version, 10)
+	return encodeBodyAs(collection, strconv.FormatUint(version, 10), entries, removed, incremental)
+}
+
+// chunkMarker follows the version in the system_version_info of each chunk of a split
+// push: "<version>;chunk=<i>/<n>". MCP has no field for it and sinks treat the field as
+// informative (Istio's log it), so it is where a sink of this engine learns that more
+// chunks of the same version follow (Change.More).
+const chunkMarker = ";chunk="
+
+// chunkVersion is the system_version_info of chunk i (1-based) of n.
+func chunkVersion(version uint64, i, n int) string {
+	return strconv.FormatUint(version, 10) + chunkMarker + strconv.Itoa(i) + "/" + strconv.Itoa(n)
+}
+
+// moreChunks reports whether a push's system_version_info says it is a chunk that more
+// chunks of the same version follow. Anything else (a plain version, another source's
+// text, a malformed marker) is a whole push.
+func moreChunks(sysVersion string) bool {
+	_, marker, ok := strings.Cut(sysVersion, chunkMarker)
+	if !ok {
+		return false
+	}
+	is, ns, ok := strings.Cut(marker, "/")
+	if !ok {
+		return false
+	}
+	i, err1 := strconv.Atoi(is)
+	n, err2 := strconv.Atoi(ns)
+	return err1 == nil && err2 == nil && i >= 1 && i < n
+}
+
+func encodeBodyAs(collection, sysVersion string, entries []*Entry, removed []string, incremental bool) []byte {
 	size := protowire.SizeTag(fieldResourcesSystemVersion) + protowire.SizeBytes(len(sysVersion)) +
 		protowire.SizeTag(fieldResourcesCollection) + protowire.SizeBytes(len(collection))
 	for _, e := range entries {
