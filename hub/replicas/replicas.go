@@ -32,6 +32,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -60,6 +61,8 @@ type Config struct {
 	Tuning Tuning
 	// Incarnation orders this replica's lives; default the start time. Tests set it.
 	Incarnation int64
+
+	broadcastOnly bool // tests: holding changes by gossip broadcast only, not over TCP
 }
 
 // Tuning is the part of memberlist's failure detection worth changing.
@@ -159,13 +162,15 @@ type Members struct {
 	closeErr  error
 	stop      chan struct{}
 	rejoined  sync.WaitGroup // the rejoin and send goroutines
+	sending   sync.WaitGroup // sends in flight
+	live      atomic.Int32   // members known (this one included), for the broadcast queue
 	sends     chan outgoing  // messages to send over TCP
 
 	mu       sync.Mutex // guards the following fields
 	self     message    // Full, Holding without tombstones
 	peers    map[string]*peer
-	gone     map[string]string // left or dead since their last join (name -> gossip address): their late messages are ignored
-	maxEpoch map[string]uint64 // cluster -> highest epoch ever seen
+	gone     map[string]departed // left or dead since their last join: their late messages are ignored, and they are rejoined for a while
+	maxEpoch map[string]uint64   // cluster -> highest epoch ever seen
 	changed  chan struct{}
 }
 
@@ -206,16 +211,19 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	if os.Getenv("MESHFED_MEMBERLIST_LOG") != "" { // memberlist's own log, for debugging
 		mc.Logger = log.New(os.Stderr, "memberlist "+cfg.Name+" ", log.Lmicroseconds)
 	}
-	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]string{},
+	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]departed{},
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
 		sends: make(chan outgoing, 1024),
 		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
+	// The queue must not call into memberlist: memberlist calls the event delegates with its
+	// node lock held, and those take m.mu, under which broadcasts are queued.
+	m.live.Store(1)
+	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return int(m.live.Load()) }, RetransmitMult: mc.RetransmitMult}
 	if m.ml, err = memberlist.Create(mc); err != nil {
 		return nil, fmt.Errorf("replicas: %w", err)
 	}
-	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.ml.NumMembers, RetransmitMult: mc.RetransmitMult}
 	if cfg.SeedDNS != "" {
 		if _, _, err := net.SplitHostPort(cfg.SeedDNS); err != nil {
 			_ = m.ml.Shutdown()
@@ -236,6 +244,16 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	go m.send()
 	return m, nil
 }
+
+// departed is a replica that left or died: where it was, and when.
+type departed struct {
+	addr string
+	at   time.Time
+}
+
+// forgetAfter is how long a departed replica is rejoined (a split that lasts longer heals
+// through the seeds); after that it is forgotten, so replaced pods do not pile up.
+const forgetAfter = time.Hour
 
 // outgoing is a message for one member (to) or every member (to empty).
 type outgoing struct {
@@ -258,6 +276,7 @@ func (m *Members) enqueue(o outgoing) {
 // push/pull), and full states exchanged when a replica (re)joins.
 func (m *Members) send() {
 	defer m.rejoined.Done()
+	sem := make(chan struct{}, 32) // sends in flight: one unreachable peer must not hold up the others
 	for {
 		select {
 		case <-m.stop:
@@ -267,9 +286,19 @@ func (m *Members) send() {
 				if n.Name == m.cfg.Name || (o.to != "" && n.Name != o.to) {
 					continue
 				}
-				if err := m.ml.SendReliable(n, o.msg); err != nil {
-					m.log.Debug("sending to a replica", "peer", n.Name, "err", err)
+				select {
+				case sem <- struct{}{}:
+				case <-m.stop:
+					return
 				}
+				m.sending.Add(1)
+				go func() {
+					defer m.sending.Done()
+					defer func() { <-sem }()
+					if err := m.ml.SendReliable(n, o.msg); err != nil {
+						m.log.Debug("sending to a replica", "peer", n.Name, "err", err)
+					}
+				}()
 			}
 		}
 	}
@@ -323,9 +352,13 @@ func (m *Members) rejoin(every time.Duration) {
 			}
 		}
 		m.mu.Lock()
-		for _, a := range m.gone {
-			if a != "" && !live[a] {
-				try = append(try, a)
+		for name, d := range m.gone {
+			if time.Since(d.at) > forgetAfter {
+				delete(m.gone, name)
+				continue
+			}
+			if !live[d.addr] {
+				try = append(try, d.addr)
 			}
 		}
 		m.mu.Unlock()
@@ -426,7 +459,9 @@ func (m *Members) changeLocked(cluster string, epoch uint64) {
 	d := message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}
 	if b, err := json.Marshal(d); err == nil {
 		m.queue.QueueBroadcast(broadcast{name: m.self.Name, cluster: cluster, msg: b})
-		m.enqueue(outgoing{msg: b})
+		if !m.cfg.broadcastOnly {
+			m.enqueue(outgoing{msg: b})
+		}
 	}
 	m.notifyLocked()
 }
@@ -510,6 +545,7 @@ func (m *Members) Close() error {
 		if err := m.ml.Shutdown(); m.closeErr == nil {
 			m.closeErr = err
 		}
+		m.sending.Wait() // a send to an unreachable peer ends at memberlist's TCP timeout
 	})
 	return m.closeErr
 }
@@ -536,12 +572,17 @@ func (m *Members) merge(b []byte) {
 	if p == nil {
 		p = &peer{name: msg.Name, holding: map[string]hold{}}
 		m.peers[msg.Name] = p
+		m.live.Store(int32(len(m.peers) + 1))
 	}
 	switch {
 	case msg.Inc < p.inc:
 		return // from an earlier life
 	case msg.Inc > p.inc:
+		changed := len(p.holding) > 0
 		p.inc, p.ver, p.holding = msg.Inc, 0, map[string]hold{}
+		if changed {
+			m.notifyLocked() // its earlier life's holdings are gone
+		}
 	}
 	if msg.MCPAddr != "" {
 		p.mcpAddr = msg.MCPAddr
@@ -618,6 +659,7 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	e.m.enqueue(outgoing{to: n.Name, msg: e.m.fullLocked(true)})
 	if _, ok := e.m.peers[n.Name]; !ok {
 		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}}
+		e.m.live.Store(int32(len(e.m.peers) + 1))
 		e.m.log.Info("replica joined", "peer", n.Name, "mcp_addr", string(n.Meta))
 		e.m.notifyLocked()
 	}
@@ -630,9 +672,10 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	if n.Name == e.m.cfg.Name {
 		return
 	}
-	e.m.gone[n.Name] = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	e.m.gone[n.Name] = departed{addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), at: time.Now()}
 	if _, ok := e.m.peers[n.Name]; ok {
 		delete(e.m.peers, n.Name)
+		e.m.live.Store(int32(len(e.m.peers) + 1))
 		e.m.log.Warn("replica left or died", "peer", n.Name)
 		e.m.notifyLocked()
 	}
