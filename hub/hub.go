@@ -57,10 +57,10 @@ type Hub struct {
 	started time.Time
 
 	// Replicas (nil for a single hub): the membership, the source serving peers the
-	// clusters this replica holds, and a poke for followPeers.
-	members  atomic.Pointer[replicas.Members] // set once by Run, before any stream
-	peerSrc  *mcp.Source
-	followed chan struct{}
+	// clusters this replica holds, and the streams it serves them on.
+	members     atomic.Pointer[replicas.Members] // set once by Run, before any stream
+	peerSrc     *mcp.Source
+	peerStreams peerStreams
 
 	mu         sync.Mutex // guards the following fields
 	ready      bool
@@ -117,7 +117,6 @@ func New(cfg *Config, log *slog.Logger, reg *prometheus.Registry) (*Hub, error) 
 	}
 	if cfg.Replicas != nil {
 		h.store.feeds = map[string]*mcp.Cache{}
-		h.followed = make(chan struct{}, 1)
 		// A cluster's first push to a peer is its whole store: allow what ingest allows.
 		h.peerSrc, err = mcp.NewSource(mcp.SourceOptions{Watcher: feedRouter{h}, MaxMessageSize: h.maxRecv, Logger: log.With("role", "replica"),
 			Metrics: h.mcpMetrics})

@@ -213,9 +213,13 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 				delete(cs.follows, sink)
 				epoch, held := cs.sessions[sink]
 				delete(cs.sessions, sink)
+				var other *mcp.Sink // another synced minion stream of the cluster, still open here
+				for s := range cs.sessions {
+					other = s
+				}
 				cs.mu.Unlock()
 				if held {
-					h.mem().Release(name, epoch)
+					h.releaseSession(cs, epoch, other)
 				}
 				h.clusterConnected(cs, false)
 			},
@@ -326,8 +330,8 @@ func (h *Hub) applyCluster(cs *clusterState, sink *mcp.Sink, c *mcp.Change) erro
 // noteSynced marks the cluster synced once one stream has delivered every collection
 // (accepted or not: a permanently rejected resource must not hold the hub's warm-up). A
 // replica's minion stream that has delivered everything holds the cluster's session (the
-// newest epoch: peers now follow this replica for it, and this replica stops following
-// theirs); a follower stream that has, lets the follow it replaces go.
+// newest epoch: peers now follow this replica for it, and this replica stops applying
+// what it follows from theirs).
 func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 	cs.mu.Lock()
 	if cs.received == nil {
@@ -345,36 +349,55 @@ func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 	if newly {
 		cs.everSynced = true
 	}
-	f := cs.follows[sink]
-	local := complete && f == nil && h.mem() != nil && sink != nil
+	local := complete && cs.follows[sink] == nil && h.mem() != nil && sink != nil
 	if local {
-		for _, other := range cs.follows {
-			other.retired.Store(true) // this session is newer than what they carry
+		for _, f := range cs.follows {
+			f.retired.Store(true) // this session is newer than what they carry
 		}
 	}
 	cs.mu.Unlock()
-	switch {
-	case complete && f != nil:
-		f.synced.Store(true)
-		h.pokeFollows()
-	case local:
-		epoch := h.mem().Hold(cs.name)
-		cs.mu.Lock()
-		if cs.open != nil && cs.received[sink] != nil { // still open
-			if cs.sessions == nil {
-				cs.sessions = map[*mcp.Sink]uint64{}
-			}
-			cs.sessions[sink] = epoch
-			cs.mu.Unlock()
-			cs.log.Info("holding the cluster's session", "epoch", epoch)
-		} else {
-			cs.mu.Unlock()
-			h.mem().Release(cs.name, epoch)
-		}
+	if local {
+		h.holdSession(cs, sink)
 	}
 	if newly {
 		cs.log.Info("cluster synced")
 		h.checkReady()
+	}
+}
+
+// holdSession holds cs's session for the minion stream of sink, unless it has ended.
+func (h *Hub) holdSession(cs *clusterState, sink *mcp.Sink) {
+	epoch := h.mem().Hold(cs.name)
+	cs.mu.Lock()
+	if cs.received[sink] == nil { // the stream ended meanwhile
+		cs.mu.Unlock()
+		h.mem().Release(cs.name, epoch)
+		return
+	}
+	if cs.sessions == nil {
+		cs.sessions = map[*mcp.Sink]uint64{}
+	}
+	cs.sessions[sink] = epoch
+	cs.mu.Unlock()
+	cs.log.Info("holding the cluster's session", "epoch", epoch)
+}
+
+// releaseSession releases the session of epoch after its stream ended. Another synced
+// minion stream of the cluster still open here (a minion that reconnected before its old
+// stream was noticed dead) holds it anew; otherwise the peers following the cluster from
+// here are disconnected: what this replica has of it may change now (staleness, a reload)
+// without being the cluster's.
+func (h *Hub) releaseSession(cs *clusterState, epoch uint64, other *mcp.Sink) {
+	h.mem().Release(cs.name, epoch)
+	if h.mem().Holds(cs.name) {
+		return // a newer session of this replica's holds it
+	}
+	if other != nil {
+		h.holdSession(cs, other)
+		return
+	}
+	if n := h.peerStreams.closeAll(cs.name); n > 0 {
+		cs.log.Info("released the cluster's session; closed the peers' streams following it", "streams", n)
 	}
 }
 

@@ -216,15 +216,16 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 
 // Watch implements mcp.Watcher.
 func (f feedRouter) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
-	return f.h.store.feed(info.Node().GetAnnotations()[ForwardClusterAnnotation]).Watch(info, collection, notify)
+	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
+	untrack := f.h.peerStreams.add(cluster, info)
+	coll, cancel, ok := f.h.store.feed(cluster).Watch(info, collection, notify)
+	return coll, func() { cancel(); untrack() }, ok
 }
 
 // follow is one replica-to-replica stream of one cluster from the replica holding it.
 type follow struct {
 	cluster, replica, addr string
 	cancel                 context.CancelFunc
-	done                   chan struct{}
-	synced                 atomic.Bool // a stream delivered every collection
 	retired                atomic.Bool // superseded: its pushes are no longer applied
 }
 
@@ -233,13 +234,15 @@ func (f *follow) stop() {
 	f.cancel()
 }
 
-// followPeers keeps, for every cluster another replica holds, a stream from that replica
-// (its authority). When the authority changes, the old stream stays until the new one has
-// delivered every collection, so the cluster's resources never go missing in between; when
-// no replica holds the cluster any more, the streams stop and the copy stays, served under
-// the staleness policy. A cluster this replica holds itself is followed from nowhere.
+// followPeers keeps, for every cluster another replica holds, one stream from that replica
+// (its authority). When the authority changes, the old stream stops at once (it carries
+// an older session) and a stream to the new authority declares the versions this replica
+// has: the cluster's copy stays in the store meanwhile and the new stream's first push is
+// only the difference, so nothing that still exists vanishes. When no replica holds the
+// cluster any more, the stream stops and the copy stays, served under the staleness
+// policy. A cluster this replica holds itself is followed from nowhere.
 func (h *Hub) followPeers(ctx context.Context) {
-	follows := map[string][]*follow{}
+	follows := map[string]*follow{}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var wg sync.WaitGroup
@@ -248,75 +251,60 @@ func (h *Hub) followPeers(ctx context.Context) {
 		h.reconcileFollows(ctx, follows, &wg)
 		select {
 		case <-ctx.Done():
-			for _, fs := range follows {
-				for _, f := range fs {
-					f.stop()
-				}
+			for _, f := range follows {
+				f.stop()
 			}
 			return
 		case <-h.mem().Changed():
-		case <-h.followed:
 		case <-tick.C:
 		}
 	}
 }
 
-func (h *Hub) reconcileFollows(ctx context.Context, follows map[string][]*follow, wg *sync.WaitGroup) {
+func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, wg *sync.WaitGroup) {
 	auth := h.mem().Authorities()
 	self := h.cfg.Replicas.Name
-	wanted := map[string]bool{}
+	cur := h.current()
 	held, followed := map[string]bool{}, map[string]bool{}
 	var names []string
 	defer func() { h.metrics.replicaView(len(h.mem().Replicas()), held, followed, names) }()
 	for _, cs := range h.clusterList() {
 		names = append(names, cs.name)
 		held[cs.name] = h.mem().Holds(cs.name)
-		wanted[cs.name] = true
 		a, ok := auth[cs.name]
-		fs := follows[cs.name]
+		f := follows[cs.name]
+		switch {
+		case cur.comp.removed(cs.name):
+			ok = false // no longer configured: nothing to follow
+		case f != nil && f.retired.Load():
+			f = nil // retired by a session of this replica's own that has ended since
+		}
 		if !ok || a.Replica == self {
-			for _, f := range fs {
-				f.stop()
-			}
-			if len(fs) > 0 {
+			if old := follows[cs.name]; old != nil {
+				old.stop()
 				why := "no replica holds it"
 				if ok {
 					why = "this replica holds it"
 				}
 				cs.log.Info("no longer following the cluster from a peer", "why", why)
+				delete(follows, cs.name)
 			}
-			delete(follows, cs.name)
 			continue
 		}
-		var cur *follow
-		if n := len(fs); n > 0 && fs[n-1].replica == a.Replica && fs[n-1].addr == a.MCPAddr {
-			cur = fs[n-1]
-		} else {
-			cur = h.startFollow(ctx, cs, a, wg)
-			fs = append(fs, cur)
-		}
-		if cur.synced.Load() && len(fs) > 1 {
-			for _, f := range fs[:len(fs)-1] {
-				f.stop()
+		if f == nil || f.replica != a.Replica || f.addr != a.MCPAddr {
+			if old := follows[cs.name]; old != nil {
+				old.stop()
 			}
-			fs = []*follow{cur}
+			f = h.startFollow(ctx, cs, a, wg)
+			follows[cs.name] = f
 		}
-		follows[cs.name] = fs
 		followed[cs.name] = true
-	}
-	for c, fs := range follows {
-		if !wanted[c] {
-			for _, f := range fs {
-				f.stop()
-			}
-			delete(follows, c)
-		}
 	}
 }
 
 func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Authority, wg *sync.WaitGroup) *follow {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr, cancel: cancel, done: make(chan struct{})}
+	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr, cancel: cancel}
 	log := cs.log.With("from_replica", a.Replica, "addr", a.MCPAddr)
 	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
 	h.metrics.followStarted()
@@ -325,7 +313,6 @@ func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Auth
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer close(f.done)
 		mcp.Redial(ctx, []string{a.MCPAddr}, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
 			sink, err := h.forwardSink(cs, f)
 			if err != nil {
@@ -337,12 +324,48 @@ func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Auth
 	return f
 }
 
-// poke wakes followPeers without blocking.
-func (h *Hub) pokeFollows() {
-	select {
-	case h.followed <- struct{}{}:
-	default:
+// peerStreams are the replica-to-replica streams this replica serves, by cluster, so that
+// releasing a cluster ends them: its copy may change afterwards (staleness, a reload) and
+// must not reach followers as if it were the cluster's.
+type peerStreams struct {
+	mu      sync.Mutex // guards streams
+	streams map[string]map[*mcp.StreamInfo]int
+}
+
+func (p *peerStreams) add(cluster string, info *mcp.StreamInfo) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.streams == nil {
+		p.streams = map[string]map[*mcp.StreamInfo]int{}
 	}
+	if p.streams[cluster] == nil {
+		p.streams[cluster] = map[*mcp.StreamInfo]int{}
+	}
+	p.streams[cluster][info]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.streams[cluster][info]--; p.streams[cluster][info] <= 0 {
+				delete(p.streams[cluster], info)
+			}
+		})
+	}
+}
+
+// closeAll ends the streams following cluster and returns how many.
+func (p *peerStreams) closeAll(cluster string) int {
+	p.mu.Lock()
+	infos := make([]*mcp.StreamInfo, 0, len(p.streams[cluster]))
+	for i := range p.streams[cluster] {
+		infos = append(infos, i)
+	}
+	p.mu.Unlock()
+	for _, i := range infos {
+		i.Close()
+	}
+	return len(infos)
 }
 
 // ReplicaStatus is the replica view as the admin API shows it.

@@ -303,8 +303,14 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 	return h
 }
 
-// Kill sends SIGKILL to the replica's process group and waits for it.
+// Kill sends SIGKILL to the replica's process group and waits for it (nothing if it has
+// already exited: its PID may belong to another process by now).
 func (h *Hub) Kill() {
+	select {
+	case <-h.done:
+		return
+	default:
+	}
 	_ = syscall.Kill(-h.Pid, syscall.SIGKILL)
 	<-h.done
 }
@@ -412,8 +418,14 @@ func (w *World) StartMinion(cluster string, prefer ...*Hub) *Minion {
 	return m
 }
 
-// Kill sends SIGKILL to the minion and waits for it.
+// Kill sends SIGKILL to the minion's process group and waits for it (nothing if it has
+// already exited).
 func (m *Minion) Kill() {
+	select {
+	case <-m.done:
+		return
+	default:
+	}
 	_ = syscall.Kill(-m.Pid, syscall.SIGKILL)
 	<-m.done
 }
