@@ -78,17 +78,19 @@ func NewNet(tb TB, replicas ...string) *Net {
 // IP returns replica's address.
 func (n *Net) IP(replica string) string { return n.ip[replica] }
 
-// Split cuts every replica of one side off from every replica of the other (both ways).
+// Split cuts every replica of one side off from every replica of the other, both ways, by
+// blackhole routes in the other side's namespaces only: what the other side sends to one
+// fails at once, while what one side sends to the other arrives and its answers vanish, so
+// one side sees errors and the other silence (timeouts), as in real partitions.
 func (n *Net) Split(one, other []string) {
 	n.tb.Helper()
 	for _, a := range one {
 		for _, b := range other {
-			for _, p := range [][2]string{{n.ns[a], n.ip[b]}, {n.ns[b], n.ip[a]}} {
-				if err := ip("-n", p[0], "route", "add", "blackhole", p[1]+"/32"); err != nil {
-					n.tb.Fatal(err)
-				}
-				n.cut = append(n.cut, p)
+			p := [2]string{n.ns[b], n.ip[a]}
+			if err := ip("-n", p[0], "route", "add", "blackhole", p[1]+"/32"); err != nil {
+				n.tb.Fatal(err)
 			}
+			n.cut = append(n.cut, p)
 		}
 	}
 }
