@@ -393,3 +393,36 @@ func routes(g, cluster string) bool {
 	odd := (cluster[len(cluster)-1]-'0')%2 == 1
 	return g == "global" || (g == "odd") == odd
 }
+
+// kill -9 of a replica while every cluster keeps changing (a change every 20 ms, for two
+// seconds): no sink is ever sent a deletion, and every sink ends with every cluster's last
+// change.
+func TestReplicaKillUnderLoad(t *testing.T) {
+	f := startFleet(t)
+	b := f.hubs[1]
+	killed := make(chan struct{})
+	last := map[string]int{}
+	deadline := time.Now().Add(2 * time.Second)
+	for k := 0; time.Now().Before(deadline); k++ {
+		cluster := rt.ClusterName(k%clusters + 1)
+		f.w.Write(cluster, "vs-3", 100+k)
+		last[cluster] = 100 + k
+		if k == 25 {
+			go func() { b.Kill(); close(killed) }()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-killed
+	f.w.Eventually(60*time.Second, "every sink has every cluster's last change", func() bool {
+		for i, s := range f.sinks {
+			for cluster, gen := range last {
+				if routes(group(i), cluster) && !s.Contains("ns-"+cluster+"/vs-3", fmt.Sprintf("g%d", gen)) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	f.converge(t, nil, 10*time.Second)
+	f.noDeletions(t, nil)
+}
