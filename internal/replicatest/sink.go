@@ -32,6 +32,7 @@ type Sink struct {
 	state    map[string]*mcpapi.Resource // name -> resource
 	removed  []string
 	pushes   int
+	received int // resources received, all pushes
 	firstSet string       // the view after the first push of each stream, in order
 	target   atomic.Value // string: the serve address of the current (or last) stream
 	streams  atomic.Int64
@@ -99,6 +100,7 @@ func (s *Sink) apply(c *mcp.Change, first bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pushes++
+	s.received += len(c.Resources)
 	if !c.Incremental {
 		listed := map[string]bool{}
 		for _, r := range c.Resources {
@@ -169,6 +171,13 @@ func (s *Sink) FirstViews() string {
 
 // Streams returns how many streams the sink opened, and whether one is open now.
 func (s *Sink) Streams() (opened int64, connected bool) { return s.streams.Load(), s.open.Load() > 0 }
+
+// Received returns how many resources the sink was sent, over all pushes.
+func (s *Sink) Received() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.received
+}
 
 // Pushes returns how many pushes the sink applied.
 func (s *Sink) Pushes() int {

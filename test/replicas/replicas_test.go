@@ -176,9 +176,11 @@ func TestReplicaKill(t *testing.T) {
 	a, b, c := f.hubs[0], f.hubs[1], f.hubs[2]
 	f.heldBy(t, f.hubs, map[string]string{"c2": "b"}, 10*time.Second)
 	opened := make([]int64, len(f.sinks))
+	received := make([]int, len(f.sinks))
 	onB := map[int]bool{}
 	for i, s := range f.sinks {
 		opened[i], _ = s.Streams()
+		received[i] = s.Received()
 		if s.Target() == b.Serve {
 			onB[i] = true
 		}
@@ -196,6 +198,12 @@ func TestReplicaKill(t *testing.T) {
 		return true
 	})
 	f.converge(t, nil, 10*time.Second)
+	// Sinks that moved and declare versions (incremental) resume: nothing is resent.
+	for i, s := range f.sinks {
+		if onB[i] && i%2 == 0 && s.Received() != received[i] {
+			t.Errorf("sink %s resumed on another replica with %d resources resent, want 0", s.Name, s.Received()-received[i])
+		}
+	}
 	f.w.Write("c2", "vs-0", 2)
 	changed := f.w.Eventually(30*time.Second, "every sink that routes c2 sees its change", func() bool {
 		for i, s := range f.sinks {
