@@ -32,7 +32,7 @@ type Sink struct {
 	state    map[string]*mcpapi.Resource // name -> resource
 	removed  []string
 	pushes   int
-	received int // resources received, all pushes
+	received int          // resources received, all pushes
 	firstSet string       // the view after the first push of each stream, in order
 	target   atomic.Value // string: the serve address of the current (or last) stream
 	streams  atomic.Int64
