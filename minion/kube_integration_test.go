@@ -22,9 +22,9 @@ import (
 	"github.com/meshfed/meshfed/internal/kubetest"
 )
 
-// The integration tier: a real etcd + kube-apiserver (package kubetest), Istio's CRDs from
-// test/kube/crds.yaml, the minion's RBAC from deploy/minion/rbac.yaml, and a minion that
-// authenticates as its ServiceAccount — so every subtest also proves that the deployed
+// The integration tier: a real etcd + kube-apiserver with Istio's CRDs from
+// test/kube/crds.yaml and the minion's RBAC from deploy/minion/rbac.yaml
+// (kubetest.StartForMinion), and a minion that authenticates as its ServiceAccount — so every subtest also proves that the deployed
 // least-privilege role is enough. What the minion publishes is observed at a real
 // ResourceSink gRPC server (hubSim).
 
@@ -41,27 +41,21 @@ func LookupBuiltinMust(c string) Kind {
 
 type kubeFixture struct {
 	env   *kubetest.Env
-	sa    kubetest.Identity
 	dyn   dynamic.Interface
 	core  kubernetes.Interface
 	kcfg  string // the minion's kubeconfig (its ServiceAccount)
-	repo  string
 	ctx   context.Context
 	saCli kubernetes.Interface
 }
 
 func startKube(t *testing.T) *kubeFixture {
 	t.Helper()
-	sa := kubetest.ServiceAccount("meshfed", "meshfed-minion")
-	env := kubetest.Start(t, sa)
-	repo := repoRoot(t)
-	env.ApplyFile(filepath.Join(repo, "test/kube/crds.yaml"))
-	env.ApplyFile(filepath.Join(repo, "deploy/minion/rbac.yaml"))
+	env, sa := kubetest.StartForMinion(t, repoRoot(t))
 	saCli, err := kubernetes.NewForConfig(env.Config(sa))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kubeFixture{env: env, sa: sa, dyn: env.Dynamic(), core: env.Clientset(), kcfg: env.Kubeconfig(sa), repo: repo,
+	return &kubeFixture{env: env, dyn: env.Dynamic(), core: env.Clientset(), kcfg: env.Kubeconfig(sa),
 		ctx: context.Background(), saCli: saCli}
 }
 

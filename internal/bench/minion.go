@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -139,10 +138,7 @@ func KubeInitialSync(n int, repoRoot string) (res SyncResult, err error) {
 			err = f
 		}
 	}()
-	sa := kubetest.ServiceAccount("meshfed", "meshfed-minion")
-	env := kubetest.Start(r, sa)
-	env.ApplyFile(filepath.Join(repoRoot, "test/kube/crds.yaml"))
-	env.ApplyFile(filepath.Join(repoRoot, "deploy/minion/rbac.yaml"))
+	env, sa := kubetest.StartForMinion(r, repoRoot)
 	env.CreateNamespace("bench")
 	kind, _ := minion.LookupBuiltin(vsCollection)
 	admin := env.Config(env.Admin)

@@ -1,7 +1,8 @@
 // Package kubetest runs a real Kubernetes control plane — etcd and kube-apiserver, built
 // from the pinned module test/kube by package testbin — on 127.0.0.1 for integration tests,
 // and gives tests admin and least-privilege clients, manifest apply, and an apiserver
-// restart.
+// restart. StartForMinion starts one set up as the minion is deployed: Istio's CRDs and
+// the minion's RBAC applied, and the identity of its ServiceAccount.
 //
 // The apiserver authenticates with a static token file (an admin in system:masters and one
 // identity per service account a test registers) and authorizes with RBAC only, so a client
@@ -143,6 +144,27 @@ func Start(t TB, identities ...Identity) *Env {
 	}
 	e.startAPI()
 	return e
+}
+
+// The minion's ServiceAccount, as deploy/minion/rbac.yaml declares and binds it.
+const (
+	minionNamespace      = "meshfed"
+	minionServiceAccount = "meshfed-minion"
+)
+
+// StartForMinion is Start for tests of the minion against Kubernetes: it applies Istio's
+// CRDs (test/kube/crds.yaml, waiting until they are established) and the minion's RBAC as
+// deployed (deploy/minion/rbac.yaml), both read below repoRoot, the meshfed repository's
+// root. It returns the env and the identity of the minion's ServiceAccount, whose
+// permissions are exactly what that RBAC grants — so a minion given env.Kubeconfig(minion)
+// also proves the deployed least-privilege role is enough.
+func StartForMinion(t TB, repoRoot string) (env *Env, minion Identity) {
+	t.Helper()
+	minion = ServiceAccount(minionNamespace, minionServiceAccount)
+	env = Start(t, minion)
+	env.ApplyFile(filepath.Join(repoRoot, "test/kube/crds.yaml"))
+	env.ApplyFile(filepath.Join(repoRoot, "deploy/minion/rbac.yaml"))
+	return env, minion
 }
 
 func (e *Env) startAPI() {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,10 +28,7 @@ func TestKubeMinionThroughHub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := kubetest.ServiceAccount("meshfed", "meshfed-minion")
-	env := kubetest.Start(t, sa)
-	env.ApplyFile(filepath.Join(root, "test/kube/crds.yaml"))
-	env.ApplyFile(filepath.Join(root, "deploy/minion/rbac.yaml"))
+	env, sa := kubetest.StartForMinion(t, root)
 	env.CreateNamespace("shop")
 	env.CreateNamespace("pay")
 
