@@ -68,6 +68,7 @@ type Hub struct {
 	ingestAddr string
 	serveAddr  string
 	httpAddr   string
+	runs       map[string]bool // dial-out tasks this replica runs (replicas)
 }
 
 // New builds a hub for cfg. reg receives the hub's and the engine's metrics (nil: a new
@@ -428,7 +429,8 @@ func (h *Hub) expireStale() {
 }
 
 // runDialers starts the streams the hub opens itself: pushes to sinks that only listen (once
-// the hub is ready) and polls of minions that only listen.
+// the hub is ready) and polls of minions that only listen. With replicas, each runs on one
+// replica at a time (runAssigned).
 func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 	b := mcp.Backoff{Initial: h.cfg.Backoff.Initial.Duration, Max: h.cfg.Backoff.Max.Duration}
 	for _, d := range h.cfg.DialSinks {
@@ -440,9 +442,11 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 				return nil
 			case <-h.readyCh:
 			}
-			log.Info("pushing to a sink that only listens")
-			mcp.Redial(ctx, []string{d.Addr}, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
-				return h.source.PushToAs(ctx, conn, d.Identity, node)
+			h.runAssigned(ctx, "dialSink/"+d.Name, log, func(ctx context.Context) {
+				log.Info("pushing to a sink that only listens")
+				mcp.Redial(ctx, []string{d.Addr}, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+					return h.source.PushToAs(ctx, conn, d.Identity, node)
+				})
 			})
 			return nil
 		})
@@ -450,13 +454,15 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 	for _, p := range h.cfg.Poll {
 		cs := h.cluster(p.Cluster)
 		g.Go(func() error {
-			cs.log.Info("polling the cluster's minion", "addr", p.Addr)
-			mcp.Redial(ctx, []string{p.Addr}, h.dialCred, b, cs.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
-				sink, err := h.clusterSink(cs)
-				if err != nil {
-					return err
-				}
-				return sink.PullFrom(ctx, conn)
+			h.runAssigned(ctx, "poll/"+p.Cluster, cs.log, func(ctx context.Context) {
+				cs.log.Info("polling the cluster's minion", "addr", p.Addr)
+				mcp.Redial(ctx, []string{p.Addr}, h.dialCred, b, cs.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+					sink, err := h.clusterSink(cs)
+					if err != nil {
+						return err
+					}
+					return sink.PullFrom(ctx, conn)
+				})
 			})
 			return nil
 		})

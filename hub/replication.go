@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"log/slog"
 	"net"
 	"os"
 	"sort"
@@ -368,6 +370,86 @@ func (p *peerStreams) closeAll(cluster string) int {
 	return len(infos)
 }
 
+// assigned reports whether this replica is the one of the live replicas to run key, a
+// dial-out task (a sink that only listens, a minion the hub polls): rendezvous hashing,
+// so every replica computes the same answer from the same membership and a departure
+// moves only the departed replica's tasks.
+func (h *Hub) assigned(key string) bool {
+	m := h.mem()
+	if m == nil {
+		return true
+	}
+	best, bestScore := "", uint64(0)
+	for _, r := range m.Replicas() {
+		f := fnv.New64a()
+		_, _ = f.Write([]byte(r.Name + "\x00" + key))
+		if s := f.Sum64(); best == "" || s > bestScore || (s == bestScore && r.Name < best) {
+			best, bestScore = r.Name, s
+		}
+	}
+	return best == h.cfg.Replicas.Name
+}
+
+// runAssigned runs run while this replica is assigned key (always, for a single hub),
+// stopping it when membership gives key to another replica and starting it again when it
+// comes back: each listening sink is pushed to, and each listening minion polled, by one
+// replica at a time.
+func (h *Hub) runAssigned(ctx context.Context, key string, log *slog.Logger, run func(ctx context.Context)) {
+	m := h.mem()
+	if m == nil {
+		run(ctx)
+		return
+	}
+	changed, stop := m.Watch()
+	defer stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	wait := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-changed:
+		case <-tick.C:
+		}
+		return true
+	}
+	for {
+		for !h.assigned(key) {
+			if !wait() {
+				return
+			}
+		}
+		log.Info("this replica runs the dial-out", "task", key)
+		h.running(key, true)
+		tctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); run(tctx) }()
+		for h.assigned(key) && wait() {
+		}
+		cancel()
+		<-done
+		h.running(key, false)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Info("another replica runs the dial-out now", "task", key)
+	}
+}
+
+// running records the dial-out tasks this replica runs, for /api/replicas.
+func (h *Hub) running(key string, on bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.runs == nil {
+		h.runs = map[string]bool{}
+	}
+	if on {
+		h.runs[key] = true
+	} else {
+		delete(h.runs, key)
+	}
+}
+
 // ReplicaStatus is the replica view as the admin API shows it.
 type ReplicaStatus struct {
 	// Self is this replica's name.
@@ -376,6 +458,8 @@ type ReplicaStatus struct {
 	Replicas []replicas.Replica `json:"replicas"`
 	// Authorities maps each held cluster to the replica holding its newest session.
 	Authorities map[string]replicas.Authority `json:"authorities"`
+	// Runs are the dial-out tasks this replica runs: dialSink/<name>, poll/<cluster>.
+	Runs []string `json:"runs"`
 }
 
 // Replicas returns the replica view, or nil for a single hub.
@@ -383,7 +467,13 @@ func (h *Hub) Replicas() *ReplicaStatus {
 	if h.mem() == nil {
 		return nil
 	}
-	st := &ReplicaStatus{Self: h.cfg.Replicas.Name, Replicas: h.mem().Replicas(), Authorities: h.mem().Authorities()}
+	st := &ReplicaStatus{Self: h.cfg.Replicas.Name, Replicas: h.mem().Replicas(), Authorities: h.mem().Authorities(), Runs: []string{}}
+	h.mu.Lock()
+	for k := range h.runs {
+		st.Runs = append(st.Runs, k)
+	}
+	h.mu.Unlock()
+	sort.Strings(st.Runs)
 	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].Name < st.Replicas[j].Name })
 	return st
 }

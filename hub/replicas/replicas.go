@@ -172,6 +172,7 @@ type Members struct {
 	gone     map[string]departed // left or dead since their last join: their late messages are ignored, and they are rejoined for a while
 	maxEpoch map[string]uint64   // cluster -> highest epoch ever seen
 	changed  chan struct{}
+	watchers map[chan struct{}]bool // Watch's channels
 }
 
 // Start creates the replica's membership and joins the seeds (those that answer; none
@@ -470,6 +471,29 @@ func (m *Members) notifyLocked() {
 	select {
 	case m.changed <- struct{}{}:
 	default:
+	}
+	for w := range m.watchers {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Watch returns a channel poked (without blocking) on every change of the view, for a
+// second consumer besides Changed, and a function that stops it.
+func (m *Members) Watch() (<-chan struct{}, func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w := make(chan struct{}, 1)
+	if m.watchers == nil {
+		m.watchers = map[chan struct{}]bool{}
+	}
+	m.watchers[w] = true
+	return w, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		delete(m.watchers, w)
 	}
 }
 

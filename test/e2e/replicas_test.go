@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -294,4 +296,86 @@ func mustAny(t *testing.T, m proto.Message) *anypb.Any {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// A sink that only listens and a minion that only listens, configured on every replica:
+// one replica at a time dials each (rendezvous hashing over the live replicas), and when
+// that replica goes, another takes over without the sink losing anything.
+func TestReplicasShareDialOuts(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	ecfg := minionConfig("east", "fs://"+east, "")
+	ecfg.Destinations.Listen = "127.0.0.1:0"
+	em, _ := startMinion(t, ecfg)
+	waitFor(t, 10*time.Second, "east listening", func() bool { return em.ListenAddr() != "" })
+
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	var open atomic.Int32
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(mcp.ServerOptions()...)
+	mcp.NewSinkServer(func(context.Context, *mcp.StreamInfo) (*mcp.Sink, error) {
+		return mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "listening-sink"),
+			Hooks: mcp.Hooks{StreamOpened: func(*mcp.StreamInfo) { open.Add(1) }, StreamClosed: func(*mcp.StreamInfo, error) { open.Add(-1) }}})
+	}, mcp.ServerConfig{Logger: logger(t)}).Register(srv)
+	sdone := make(chan struct{})
+	go func() { defer close(sdone); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-sdone })
+
+	config := func(name string, seeds ...string) *hub.Config {
+		cfg := replicaConfig(name, seeds...)
+		cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: em.ListenAddr()}}
+		cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: lis.Addr().String(), NodeID: "global-dialed"}}
+		cfg.Backoff = hub.BackoffConfig{Initial: hub.Duration{Duration: 20 * time.Millisecond}, Max: hub.Duration{Duration: 200 * time.Millisecond}}
+		return cfg
+	}
+	a, stopA := startReplica(t, config("a"))
+	b, stopB := startReplica(t, config("b", a.GossipAddr()))
+	c, stopC := startReplica(t, config("c", a.GossipAddr()))
+	replicas := map[string]*hub.Hub{"a": a, "b": b, "c": c}
+	stops := map[string]func(){"a": stopA, "b": stopB, "c": stopC}
+	var ingests []string
+	for _, h := range []*hub.Hub{a, b, c} {
+		i, _, _ := h.Addrs()
+		ingests = append(ingests, i)
+	}
+	runMinion(t, "west", west, strings.Join(ingests, ","))
+
+	// runner returns which live replicas run task.
+	runner := func(task string) []string {
+		var out []string
+		for name, h := range replicas {
+			for _, r := range h.Replicas().Runs {
+				if r == task {
+					out = append(out, name)
+				}
+			}
+		}
+		return out
+	}
+	settled := func() bool {
+		for _, h := range replicas {
+			if len(h.Replicas().Replicas) != len(replicas) {
+				return false
+			}
+		}
+		return len(runner("dialSink/listener")) == 1 && len(runner("poll/east")) == 1 && open.Load() == 1
+	}
+	waitFor(t, 20*time.Second, "one replica dials the sink and one polls east", settled)
+	waitFor(t, 20*time.Second, "the listening sink's view", func() bool { return sc.view(vs) == "pay/api@west,shop/cart@east" })
+
+	gone := runner("dialSink/listener")[0]
+	stops[gone]()
+	delete(replicas, gone)
+	waitFor(t, 30*time.Second, "another replica dials the sink, one polls east", settled)
+	writeFile(t, east, "shop/more.yaml", vsYAML("more", "shop", "", "more.shop.example.com"))
+	waitFor(t, 20*time.Second, "a polled change reaches the dialed sink", func() bool {
+		return sc.view(vs) == "pay/api@west,shop/cart@east,shop/more@east"
+	})
+	if r := sc.removals(); len(r) > 0 {
+		t.Errorf("the listening sink was sent deletions: %v", r)
+	}
 }
