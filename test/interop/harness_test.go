@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -99,6 +100,76 @@ func entries(t testing.TB, s state) []*mcp.Entry {
 	return out
 }
 
+// Some states of the two collections used throughout. Every scenario starts from vsV1 and
+// drV1.
+var (
+	vsV1 = state{"default/reviews": {"1", "vs reviews v1"}, "default/ratings": {"1", "vs ratings v1"}}
+	// vsV2 updates reviews, deletes ratings and adds details.
+	vsV2 = state{"default/reviews": {"2", "vs reviews v2"}, "default/details": {"1", "vs details v1"}}
+	// vsV3 updates details and adds productpage.
+	vsV3 = state{"default/reviews": {"2", "vs reviews v2"}, "default/details": {"2", "vs details v2"}, "default/productpage": {"1", "vs productpage v1"}}
+	drV1 = state{"default/reviews": {"1", "dr reviews v1"}, "default/ratings": {"1", "dr ratings v1"}}
+	// drV2 deletes ratings.
+	drV2 = state{"default/reviews": {"1", "dr reviews v1"}}
+	// drV3 adds details.
+	drV3 = state{"default/reviews": {"1", "dr reviews v1"}, "default/details": {"1", "dr details v1"}}
+)
+
+// push is what one Resources message gave a sink to apply, in the same terms whichever side
+// recorded it (meshfed's Applier or Istio's applied event), so one check serves both.
+type push struct {
+	incremental bool
+	resources   state
+	removed     []string // compared in order; nil and empty are equal
+}
+
+func fullState(s state) push { return push{resources: s} }
+
+func incrementalPush(s state, removed ...string) push {
+	return push{incremental: true, resources: s, removed: removed}
+}
+
+func (p push) equal(o push) bool {
+	return p.incremental == o.incremental && p.resources.equal(o.resources) && slices.Equal(p.removed, o.removed)
+}
+
+func (p push) String() string {
+	kind := "full state"
+	if p.incremental {
+		kind = "incremental"
+	}
+	return fmt.Sprintf("%s resources=%v removed=%v", kind, p.resources, p.removed)
+}
+
+// checkPush reports a push that is not want; what names the push (and why want is expected
+// where that is not obvious).
+func checkPush(t testing.TB, what string, got, want push) {
+	t.Helper()
+	if !got.equal(want) {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}
+
+// inCollection returns, in order, the items of xs that belong to collection (read by coll).
+func inCollection[T any](xs []T, collection string, coll func(T) string) []T {
+	var out []T
+	for _, x := range xs {
+		if coll(x) == collection {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// lastOf returns the last of xs, failing the test (instead of panicking) if there is none.
+func lastOf[T any](t testing.TB, what string, xs []T) T {
+	t.Helper()
+	if len(xs) == 0 {
+		t.Fatalf("no %s", what)
+	}
+	return xs[len(xs)-1]
+}
+
 // ---- waiting ----
 
 // waitUntil polls cond until it holds, failing the test after waitTimeout with cond's last
@@ -167,6 +238,8 @@ func (e peerEvent) state() state {
 	}
 	return s
 }
+
+func (e peerEvent) push() push { return push{e.Incremental, e.state(), e.Removed} }
 
 func (e peerEvent) String() string {
 	if e.Event != "applied" {
@@ -401,6 +474,12 @@ func (p *istioPeer) applied(collection string) []peerEvent {
 	return out
 }
 
+// lastApplied returns what an Istio sink applied last for a collection.
+func (p *istioPeer) lastApplied(collection string) push {
+	p.t.Helper()
+	return lastOf(p.t, "push of "+collection+" applied by Istio's sink", p.applied(collection)).push()
+}
+
 // sinkState replays an Istio sink's applied events for a collection (full state replaces,
 // incremental adds, updates and removes) into the state that sink holds.
 func (p *istioPeer) sinkState(collection string) (s state, pushes int) {
@@ -442,6 +521,8 @@ type applyCall struct {
 	removed     []string
 	err         error // non-nil: the push was NACKed
 }
+
+func (c applyCall) push() push { return push{c.incremental, c.resources, c.removed} }
 
 func (c applyCall) String() string {
 	s := fmt.Sprintf("%s@%s incremental=%v resources=%v removed=%v", c.collection, c.version, c.incremental, c.resources, c.removed)
@@ -506,15 +587,13 @@ func (a *recordingApplier) collectionState(collection string) state {
 
 // callsFor returns the Apply calls for a collection, in order.
 func (a *recordingApplier) callsFor(collection string) []applyCall {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []applyCall
-	for _, c := range a.calls {
-		if c.collection == collection {
-			out = append(out, c)
-		}
-	}
-	return out
+	return inCollection(a.allCalls(), collection, func(c applyCall) string { return c.collection })
+}
+
+// lastCall returns the last Apply call for a collection.
+func (a *recordingApplier) lastCall(t testing.TB, collection string) applyCall {
+	t.Helper()
+	return lastOf(t, "Apply call for "+collection, a.callsFor(collection))
 }
 
 func (a *recordingApplier) allCalls() []applyCall {
@@ -611,25 +690,13 @@ func (r *streamRecorder) streams() (opened int, closed []error) {
 func (r *streamRecorder) pushesFor(collection string) []mcp.PushEvent {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []mcp.PushEvent
-	for _, p := range r.pushes {
-		if p.Collection == collection {
-			out = append(out, p)
-		}
-	}
-	return out
+	return inCollection(r.pushes, collection, func(p mcp.PushEvent) string { return p.Collection })
 }
 
 func (r *streamRecorder) acksFor(collection string) []mcp.AckEvent {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []mcp.AckEvent
-	for _, a := range r.acks {
-		if a.Collection == collection {
-			out = append(out, a)
-		}
-	}
-	return out
+	return inCollection(r.acks, collection, func(a mcp.AckEvent) string { return a.Collection })
 }
 
 // metric sums the series of a counter or gauge family whose labels include want.
@@ -764,4 +831,157 @@ func runLoop(t testing.TB, log *slog.Logger, what string, fn func(ctx context.Co
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
+}
+
+// ---- directions ----
+
+// direction is one of the four ways Istio's peer and meshfed's engine are connected (see the
+// package comment).
+type direction struct {
+	name      string // the subtest name: number, Istio's side, meshfed's side
+	istioMode string // the Istio peer's -mode
+}
+
+var (
+	// dir1: Istio's ResourceSource server; meshfed's Sink dials it (Sink.PullFrom).
+	dir1 = direction{name: "1_istio-source-server_meshfed-PullFrom", istioMode: "source-server"}
+	// dir2: Istio's source dials meshfed's ResourceSink server (mcp.NewSinkServer).
+	dir2 = direction{name: "2_istio-source-client_meshfed-SinkServer", istioMode: "source-client"}
+	// dir3: Istio's sink dials meshfed's ResourceSource server (mcp.NewSourceServer).
+	dir3 = direction{name: "3_istio-sink-client_meshfed-SourceServer", istioMode: "sink-client"}
+	// dir4: Istio's ResourceSink server; meshfed's Source dials it (Source.PushTo).
+	dir4 = direction{name: "4_istio-sink-server_meshfed-PushTo", istioMode: "sink-server"}
+
+	// sinkDirections have Istio as the source and meshfed as the sink (sink_test.go),
+	// sourceDirections the reverse (source_test.go).
+	sinkDirections   = []direction{dir1, dir2}
+	sourceDirections = []direction{dir3, dir4}
+)
+
+// meshfedServes reports whether meshfed runs the gRPC server (Istio's process dials it)
+// rather than dialing Istio's.
+func (d direction) meshfedServes() bool { return strings.HasSuffix(d.istioMode, "-client") }
+
+// variant is a direction and whether Istio's peer runs with -incremental: a source then
+// allows incremental pushes, a sink asks for them.
+type variant struct {
+	dir         direction
+	incremental bool
+}
+
+func (v variant) String() string {
+	if v.incremental {
+		return v.dir.name + "/incremental"
+	}
+	return v.dir.name + "/full-state"
+}
+
+// forEachDirection runs body once per direction, as parallel subtests named after the
+// direction; t itself runs in parallel too.
+func forEachDirection(t *testing.T, dirs []direction, body func(t *testing.T, dir direction)) {
+	t.Parallel()
+	for _, d := range dirs {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			body(t, d)
+		})
+	}
+}
+
+// forEachVariant runs body once per direction with full-state and once with incremental
+// pushes, as parallel subtests named "<direction>/full-state" and "<direction>/incremental";
+// t itself runs in parallel too.
+func forEachVariant(t *testing.T, dirs []direction, body func(t *testing.T, v variant)) {
+	t.Parallel()
+	for _, d := range dirs {
+		for _, v := range []variant{{d, false}, {d, true}} {
+			t.Run(v.String(), func(t *testing.T) {
+				t.Parallel()
+				body(t, v)
+			})
+		}
+	}
+}
+
+// ---- one Istio process connected to meshfed's engine ----
+
+// pair is what every scenario has whichever way the two sides are connected: the Istio
+// process, meshfed's stream recorder, metrics and logger, and meshfed's server in the
+// directions where meshfed serves. sinkSetup and sourceSetup add meshfed's engine.
+type pair struct {
+	t       *testing.T
+	v       variant
+	side    string // meshfed's role, "meshfed sink" or "meshfed source", for logs and errors
+	log     *slog.Logger
+	rec     *streamRecorder
+	reg     *prometheus.Registry
+	metrics *mcp.Metrics
+	istio   *istioPeer
+	server  *meshfedServer // nil unless v.dir.meshfedServes()
+}
+
+func newPair(t *testing.T, v variant, side string) *pair {
+	reg := prometheus.NewRegistry()
+	return &pair{t: t, v: v, side: side, log: testLogger(t, side+": "), rec: &streamRecorder{}, reg: reg, metrics: mcp.NewMetrics(reg)}
+}
+
+// connect starts Istio's peer for collections and connects meshfed's engine to it the way
+// the direction says: either register puts meshfed's service on a new meshfed server that
+// Istio's process dials, or Istio's process listens and call (named what: PullFrom or
+// PushTo) runs over a connection to it in a redial loop until the test ends.
+func (p *pair) connect(collections []string, register func(*grpc.Server), what string, call func(context.Context, grpc.ClientConnInterface) error) {
+	p.t.Helper()
+	cfg := peerConfig{mode: p.v.dir.istioMode, collections: collections, incremental: p.v.incremental}
+	if p.v.dir.meshfedServes() {
+		p.server = startMeshfedServer(p.t, register)
+		cfg.addr = p.server.addr
+		p.istio = startPeer(p.t, cfg)
+		return
+	}
+	cfg.addr = "127.0.0.1:0"
+	p.istio = startPeer(p.t, cfg)
+	cc := dial(p.t, p.istio.addr)
+	runLoop(p.t, p.log, what, func(ctx context.Context) error { return call(ctx, cc) })
+}
+
+// checkOneStream checks that everything so far went over a single stream that is still up.
+func (p *pair) checkOneStream() {
+	p.t.Helper()
+	if opened, closed := p.rec.streams(); opened != 1 || len(closed) != 0 {
+		p.t.Errorf("%s streams: opened %d, closed %v; want 1 open stream", p.side, opened, closed)
+	}
+}
+
+// checkNewStream checks that meshfed opened a new stream after a restart: more than before
+// in all.
+func (p *pair) checkNewStream(before int, restart string) {
+	p.t.Helper()
+	if opened, _ := p.rec.streams(); opened <= before {
+		p.t.Errorf("%s streams opened = %d, want more than %d after %s", p.side, opened, before, restart)
+	}
+}
+
+// checkOnlyACKs checks that every push of the collections was ACKed: sent by meshfed's sink,
+// or received by meshfed's source.
+func (p *pair) checkOnlyACKs(collections ...string) {
+	p.t.Helper()
+	for _, c := range collections {
+		for _, a := range p.rec.acksFor(c) {
+			if a.Code != codes.OK {
+				p.t.Errorf("%s saw %v %q for %s (nonce %s, version %d), want only ACKs", p.side, a.Code, a.Message, c, a.Nonce, a.Version)
+			}
+		}
+	}
+}
+
+// checkMetric checks the sum of a metric's series whose labels include labels.
+func (p *pair) checkMetric(name string, labels map[string]string, want float64) {
+	p.t.Helper()
+	if got := metric(p.t, p.reg, name, labels); got != want {
+		var sel []string
+		for _, k := range slices.Sorted(maps.Keys(labels)) {
+			sel = append(sel, fmt.Sprintf("%s=%q", k, labels[k]))
+		}
+		p.t.Errorf("%s %s{%s} = %v, want %v", p.side, name, strings.Join(sel, ","), got, want)
+	}
 }
