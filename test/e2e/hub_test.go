@@ -557,29 +557,12 @@ func TestHubPollsAndDialsOut(t *testing.T) {
 	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
 	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
 
-	// East's minion only listens.
-	ecfg := minionConfig("east", "fs://"+east, "")
-	ecfg.Destinations.Listen = "127.0.0.1:0"
-	em, _ := startMinion(t, ecfg)
-	waitFor(t, 10*time.Second, "east listening", func() bool { return em.ListenAddr() != "" })
-
-	// A sink that only listens.
-	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(mcp.ServerOptions()...)
-	mcp.NewSinkServer(func(context.Context, *mcp.StreamInfo) (*mcp.Sink, error) {
-		return mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "listening-sink")})
-	}, mcp.ServerConfig{Logger: logger(t)}).Register(srv)
-	sdone := make(chan struct{})
-	go func() { defer close(sdone); _ = srv.Serve(lis) }()
-	t.Cleanup(func() { srv.Stop(); <-sdone })
+	eastAddr := listeningMinion(t, "east", east)
+	sc, sinkAddr := listeningSink(t, mcp.Hooks{})
 
 	cfg := twoClusterConfig()
-	cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: em.ListenAddr()}}
-	cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: lis.Addr().String(), NodeID: "global-dialed"}}
+	cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: eastAddr}}
+	cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: sinkAddr, NodeID: "global-dialed"}}
 	cfg.Backoff = hub.BackoffConfig{Initial: hub.Duration{Duration: 20 * time.Millisecond}, Max: hub.Duration{Duration: 200 * time.Millisecond}}
 	h := runHub(t, cfg)
 	ingest, _, _ := h.Addrs()
@@ -590,6 +573,36 @@ func TestHubPollsAndDialsOut(t *testing.T) {
 	waitFor(t, 10*time.Second, "a polled change reaches the dialed sink", func() bool {
 		return sc.view(vs) == "pay/api@west,shop/cart@east,shop/more@east"
 	})
+}
+
+// listeningMinion runs a minion for cluster publishing dir that only listens (for a hub
+// that polls) and returns its address.
+func listeningMinion(t *testing.T, cluster, dir string) string {
+	t.Helper()
+	cfg := minionConfig(cluster, "fs://"+dir, "")
+	cfg.Destinations.Listen = "127.0.0.1:0"
+	m, _ := startMinion(t, cfg)
+	waitFor(t, 10*time.Second, cluster+"'s minion listening", func() bool { return m.ListenAddr() != "" })
+	return m.ListenAddr()
+}
+
+// listeningSink runs a sink that only listens (serves ResourceSink, for a hub that dials
+// it), with hooks on its streams, until the test ends.
+func listeningSink(t *testing.T, hooks mcp.Hooks) (*sinkClient, string) {
+	t.Helper()
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(mcp.ServerOptions()...)
+	mcp.NewSinkServer(func(context.Context, *mcp.StreamInfo) (*mcp.Sink, error) {
+		return mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "listening-sink"), Hooks: hooks})
+	}, mcp.ServerConfig{Logger: logger(t)}).Register(srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return sc, lis.Addr().String()
 }
 
 // TestHubReload: routing, ownership and restart-only changes applied to a running hub with

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -305,30 +304,14 @@ func TestReplicasShareDialOuts(t *testing.T) {
 	east, west := t.TempDir(), t.TempDir()
 	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
 	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
-	ecfg := minionConfig("east", "fs://"+east, "")
-	ecfg.Destinations.Listen = "127.0.0.1:0"
-	em, _ := startMinion(t, ecfg)
-	waitFor(t, 10*time.Second, "east listening", func() bool { return em.ListenAddr() != "" })
-
-	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	eastAddr := listeningMinion(t, "east", east)
 	var open atomic.Int32
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(mcp.ServerOptions()...)
-	mcp.NewSinkServer(func(context.Context, *mcp.StreamInfo) (*mcp.Sink, error) {
-		return mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "listening-sink"),
-			Hooks: mcp.Hooks{StreamOpened: func(*mcp.StreamInfo) { open.Add(1) }, StreamClosed: func(*mcp.StreamInfo, error) { open.Add(-1) }}})
-	}, mcp.ServerConfig{Logger: logger(t)}).Register(srv)
-	sdone := make(chan struct{})
-	go func() { defer close(sdone); _ = srv.Serve(lis) }()
-	t.Cleanup(func() { srv.Stop(); <-sdone })
+	sc, sinkAddr := listeningSink(t, mcp.Hooks{StreamOpened: func(*mcp.StreamInfo) { open.Add(1) }, StreamClosed: func(*mcp.StreamInfo, error) { open.Add(-1) }})
 
 	config := func(name string, seeds ...string) *hub.Config {
 		cfg := replicaConfig(name, seeds...)
-		cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: em.ListenAddr()}}
-		cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: lis.Addr().String(), NodeID: "global-dialed"}}
+		cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: eastAddr}}
+		cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: sinkAddr, NodeID: "global-dialed"}}
 		cfg.Backoff = hub.BackoffConfig{Initial: hub.Duration{Duration: 20 * time.Millisecond}, Max: hub.Duration{Duration: 200 * time.Millisecond}}
 		return cfg
 	}
