@@ -167,7 +167,7 @@ func (h *Hub) clusterSink(cs *clusterState) (*mcp.Sink, error) {
 
 // forwardSink returns a Sink for one stream of f, from the replica holding cs.
 func (h *Hub) forwardSink(cs *clusterState, f *follow) (*mcp.Sink, error) {
-	return h.newSink(cs, f, h.forwardNode(cs.name))
+	return h.newSink(cs, f, h.forwardNode(cs.name, f.copy))
 }
 
 // newSink builds the sink of one stream of cs: from its minion (f nil) or from the replica
@@ -204,7 +204,9 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 					cs.follows[sink] = f
 				}
 				cs.mu.Unlock()
-				h.clusterConnected(cs, true)
+				if f == nil || !f.copy { // a copy is not the cluster being connected
+					h.clusterConnected(cs, true)
+				}
 			},
 			StreamClosed: func(i *mcp.StreamInfo, _ error) {
 				cs.mu.Lock()
@@ -221,7 +223,9 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 				if held {
 					h.releaseSession(cs, epoch, other)
 				}
-				h.clusterConnected(cs, false)
+				if f == nil || !f.copy {
+					h.clusterConnected(cs, false)
+				}
 			},
 		},
 	})
@@ -348,6 +352,9 @@ func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 	newly := !cs.everSynced && complete
 	if newly {
 		cs.everSynced = true
+	}
+	if f := cs.follows[sink]; complete && f != nil && f.copy && cs.streams == 0 && cs.disconnectedAt.IsZero() {
+		cs.disconnectedAt = h.now() // a copy of a cluster away: its staleness TTL runs here too
 	}
 	local := complete && cs.follows[sink] == nil && h.mem() != nil && sink != nil
 	if local {

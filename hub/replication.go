@@ -29,6 +29,12 @@ import (
 // cluster whose store the stream follows.
 const ForwardClusterAnnotation = "meshfed.io/forward-cluster"
 
+// ForwardCopyAnnotation, "true" in a replica-to-replica stream's SinkNode, asks for the
+// copy a replica keeps of a cluster that no replica holds (its minion is away): a replica
+// that starts meanwhile takes it from a peer, so the cluster's last state survives the
+// replicas' restarts under the staleness policy.
+const ForwardCopyAnnotation = "meshfed.io/forward-copy"
+
 // ReplicasConfig makes a hub one replica of several that act as one hub: any minion and any
 // sink may use any replica. Every replica must run the same configuration otherwise.
 //
@@ -210,6 +216,16 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 	if f.h.cluster(cluster) == nil {
 		return status.Errorf(codes.InvalidArgument, "%s %q is not a configured cluster", ForwardClusterAnnotation, cluster)
 	}
+	if info.Node().GetAnnotations()[ForwardCopyAnnotation] == "true" {
+		if a, held := f.h.mem().Authorities()[cluster]; held {
+			return status.Errorf(codes.FailedPrecondition, "cluster %q is held by replica %q: follow it from there", cluster, a.Replica)
+		}
+		if !f.h.hasCopy(f.h.cluster(cluster)) {
+			// An empty answer would make the asking replica ready without the cluster.
+			return status.Errorf(codes.FailedPrecondition, "replica %q has no copy of cluster %q", f.h.cfg.Replicas.Name, cluster)
+		}
+		return nil
+	}
 	if !f.h.mem().Holds(cluster) {
 		return status.Errorf(codes.FailedPrecondition, "replica %q does not hold cluster %q's session", f.h.cfg.Replicas.Name, cluster)
 	}
@@ -227,6 +243,8 @@ func (f feedRouter) Watch(info *mcp.StreamInfo, collection string, notify func()
 // follow is one replica-to-replica stream of one cluster from the replica holding it.
 type follow struct {
 	cluster, replica, addr string
+	copy                   bool     // the copy of a cluster no replica holds (ForwardCopyAnnotation)
+	peers                  []string // copy: the peers asked, in order
 	cancel                 context.CancelFunc
 	retired                atomic.Bool // superseded: its pushes are no longer applied
 }
@@ -281,6 +299,23 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, 
 		case f != nil && f.retired.Load():
 			f = nil // retired by a session of this replica's own that has ended since
 		}
+		if !ok && !cur.comp.removed(cs.name) {
+			// No replica holds the cluster. A replica without a copy of its own (it started
+			// while the cluster was away) takes a peer's copy and keeps mirroring it (a
+			// staleness drop there reaches it); one with its own copy keeps that.
+			if peers := h.copySources(cs.name); len(peers) > 0 && (f == nil || !f.copy || !samePeers(f.peers, peers)) && !h.hasCopy(cs) {
+				if old := follows[cs.name]; old != nil {
+					old.stop()
+				}
+				follows[cs.name] = h.startCopy(ctx, cs, peers, wg)
+				followed[cs.name] = true
+				continue
+			}
+			if f != nil && f.copy && len(h.copySources(cs.name)) > 0 {
+				followed[cs.name] = true // keeps mirroring the copy it has taken
+				continue
+			}
+		}
 		if !ok || a.Replica == self {
 			if old := follows[cs.name]; old != nil {
 				old.stop()
@@ -293,7 +328,7 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, 
 			}
 			continue
 		}
-		if f == nil || f.replica != a.Replica || f.addr != a.MCPAddr {
+		if f == nil || f.copy || f.replica != a.Replica || f.addr != a.MCPAddr {
 			if old := follows[cs.name]; old != nil {
 				old.stop()
 			}
@@ -305,17 +340,51 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, 
 }
 
 func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Authority, wg *sync.WaitGroup) *follow {
-	ctx, cancel := context.WithCancel(ctx)
-	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr, cancel: cancel}
+	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr}
 	log := cs.log.With("from_replica", a.Replica, "addr", a.MCPAddr)
 	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
+	h.runFollow(ctx, cs, f, []string{a.MCPAddr}, log, wg)
+	return f
+}
+
+// startCopy takes the copy of cs, which no replica holds, from the first of peers that has
+// one, and keeps mirroring it.
+func (h *Hub) startCopy(ctx context.Context, cs *clusterState, peers []replicas.Replica, wg *sync.WaitGroup) *follow {
+	f := &follow{cluster: cs.name, copy: true}
+	var addrs []string
+	for _, p := range peers {
+		f.peers = append(f.peers, p.Name)
+		addrs = append(addrs, p.MCPAddr)
+	}
+	log := cs.log.With("from_replicas", f.peers)
+	log.Info("no replica holds the cluster: taking a peer's copy")
+	h.runFollow(ctx, cs, f, addrs, log, wg)
+	return f
+}
+
+// samePeers reports whether a copy follow asks the peers it would ask now.
+func samePeers(asked []string, now []replicas.Replica) bool {
+	if len(asked) != len(now) {
+		return false
+	}
+	for i, r := range now {
+		if asked[i] != r.Name {
+			return false
+		}
+	}
+	return true
+}
+
+// runFollow runs f's stream, trying addrs in turn, until f is stopped.
+func (h *Hub) runFollow(ctx context.Context, cs *clusterState, f *follow, addrs []string, log *slog.Logger, wg *sync.WaitGroup) {
+	ctx, f.cancel = context.WithCancel(ctx)
 	h.metrics.followStarted()
 	ctx = metadata.AppendToOutgoingContext(ctx, DevIdentityHeader, h.replicaID())
 	b := mcp.Backoff{Initial: h.cfg.Backoff.Initial.Duration, Max: h.cfg.Backoff.Max.Duration}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		mcp.Redial(ctx, []string{a.MCPAddr}, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+		mcp.Redial(ctx, addrs, h.dialCred, b, log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
 			sink, err := h.forwardSink(cs, f)
 			if err != nil {
 				return err
@@ -323,7 +392,6 @@ func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Auth
 			return sink.PullFrom(ctx, conn)
 		})
 	}()
-	return f
 }
 
 // peerStreams are the replica-to-replica streams this replica serves, by cluster, so that
@@ -487,6 +555,43 @@ func (h *Hub) GossipAddr() string {
 }
 
 // forwardNode is what a follower's stream tells the replica it follows.
-func (h *Hub) forwardNode(cluster string) *mcppb.SinkNode {
-	return &mcppb.SinkNode{Id: h.cfg.Replicas.Name, Annotations: map[string]string{ForwardClusterAnnotation: cluster}}
+func (h *Hub) forwardNode(cluster string, copy bool) *mcppb.SinkNode {
+	ann := map[string]string{ForwardClusterAnnotation: cluster}
+	if copy {
+		ann[ForwardCopyAnnotation] = "true"
+	}
+	return &mcppb.SinkNode{Id: h.cfg.Replicas.Name, Annotations: ann}
+}
+
+// hasCopy reports whether this replica has the cluster's state of its own: a stream (its
+// minion's or a follow from its holder) delivered it since the start.
+func (h *Hub) hasCopy(cs *clusterState) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.everSynced
+}
+
+// copySources orders the live peers to ask for the copy of a cluster no replica holds
+// (rendezvous hashing, so replicas starting together ask the same one first); a peer
+// without a copy refuses and the next is asked.
+func (h *Hub) copySources(cluster string) []replicas.Replica {
+	type scored struct {
+		r     replicas.Replica
+		score uint64
+	}
+	var peers []scored
+	for _, r := range h.mem().Replicas() {
+		if r.Name == h.cfg.Replicas.Name || r.MCPAddr == "" {
+			continue
+		}
+		f := fnv.New64a()
+		_, _ = f.Write([]byte(r.Name + "\x00copy/" + cluster))
+		peers = append(peers, scored{r, f.Sum64()})
+	}
+	sort.Slice(peers, func(i, j int) bool { return peers[i].score > peers[j].score })
+	out := make([]replicas.Replica, len(peers))
+	for i, p := range peers {
+		out[i] = p.r
+	}
+	return out
 }

@@ -15,6 +15,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -183,8 +185,14 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 			ProbeInterval: hub.Duration{Duration: w.opts.ProbeInterval}, RejoinInterval: hub.Duration{Duration: time.Second},
 			GossipInterval: hub.Duration{Duration: 50 * time.Millisecond}},
 	}
-	if addrs != nil { // a restart keeps its addresses
+	switch {
+	case addrs != nil: // a restart keeps its addresses
 		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = addrs.Ingest, addrs.Serve, addrs.HTTP, addrs.Gossip
+	case w.net == nil:
+		// On the shared loopback, ports below the ephemeral range: a replica restarted on
+		// its addresses must find them free, and the kernel may hand a freed ephemeral
+		// port to any other process meanwhile. (In a namespace of its own, port 0 is fine.)
+		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = w.port(false), w.port(false), w.port(false), w.port(true)
 	}
 	c, k, _ := w.ca.Issue(w.tb, w.Dir, "hub-"+name, host, "spiffe://"+TrustDomain+"/hub/"+name)
 	cfg.TLS = &hub.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}
@@ -201,6 +209,31 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 	cfg.Routing.Rules = []routing.Rule{{Name: "global", NodeIDs: []string{"global-*"}},
 		{Name: "odd", NodeIDs: []string{"odd-*"}, Clusters: odd}, {Name: "even", NodeIDs: []string{"even-*"}, Clusters: even}}
 	return cfg
+}
+
+// port returns a free 127.0.0.1 port below Linux's ephemeral range (32768 and up), free for
+// UDP too when udp is set (memberlist uses both).
+func (w *World) port(udp bool) string {
+	w.tb.Helper()
+	for range 200 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		if udp {
+			u, err := net.ListenPacket("udp", addr)
+			if err != nil {
+				l.Close()
+				continue
+			}
+			u.Close()
+		}
+		l.Close()
+		return addr
+	}
+	w.tb.Fatal("no free port below the ephemeral range")
+	return ""
 }
 
 // Hub is one replica process.

@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -25,13 +27,21 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The script takes its addresses up front. A port the kernel hands out (port 0) and
+	// frees again can be handed to another process before the demo binds it, and the
+	// replica tests start many processes in parallel: pick a free port below Linux's
+	// ephemeral range (32768 and up) instead, where the kernel never hands ports out.
 	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		for range 100 {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+			if err != nil {
+				continue
+			}
+			defer l.Close()
+			return l.Addr().String()
 		}
-		defer l.Close()
-		return l.Addr().String()
+		t.Fatal("no free port below the ephemeral range")
+		return ""
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
