@@ -37,6 +37,7 @@ type clusterState struct {
 	open           map[*mcp.StreamInfo]bool      // open ingest streams, to close on a reload
 	sessions       map[*mcp.Sink]uint64          // minion streams that synced: the epoch held for each
 	follows        map[*mcp.Sink]*follow         // open streams from the replica holding the cluster
+	local          int                           // open minion streams (pushed or polled) here
 }
 
 // closeStreams ends the cluster's ingest streams: its minion reconnects and resumes,
@@ -184,6 +185,9 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 			if f != nil && f.retired.Load() {
 				return nil // superseded by a newer session's stream
 			}
+			if f == nil && h.superseded(cs, sink) {
+				return nil // a minion stream here that a newer session elsewhere has replaced
+			}
 			return h.applyCluster(cs, sink, c)
 		}),
 		InitialVersions: func(coll string) map[string]string { return h.store.versions(name, coll) },
@@ -202,8 +206,19 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 						cs.follows = map[*mcp.Sink]*follow{}
 					}
 					cs.follows[sink] = f
+				} else {
+					// The cluster's minion is here: it is the freshest source, so what this
+					// replica follows stops writing the store at once (reconcileFollows
+					// starts nothing new while the stream is open, and again after it).
+					cs.local++
+					for _, other := range cs.follows {
+						other.retired.Store(true)
+					}
 				}
 				cs.mu.Unlock()
+				if f == nil && h.mem() != nil {
+					h.mem().Poke()
+				}
 				if f == nil || !f.copy { // a copy is not the cluster being connected
 					h.clusterConnected(cs, true)
 				}
@@ -213,6 +228,9 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 				delete(cs.received, sink)
 				delete(cs.open, i)
 				delete(cs.follows, sink)
+				if f == nil {
+					cs.local--
+				}
 				epoch, held := cs.sessions[sink]
 				delete(cs.sessions, sink)
 				var other *mcp.Sink // another synced minion stream of the cluster, still open here
@@ -225,6 +243,14 @@ func (h *Hub) newSink(cs *clusterState, f *follow, node *mcppb.SinkNode) (*mcp.S
 				}
 				if f == nil || !f.copy {
 					h.clusterConnected(cs, false)
+				}
+				if f != nil && f.copy && h.hasCopy(cs) {
+					// A copy is taken once, from one peer: redialling another could declare
+					// versions that peer never had and receive deletions of them.
+					f.stop()
+				}
+				if f == nil && h.mem() != nil {
+					h.mem().Poke()
 				}
 			},
 		},
@@ -364,7 +390,7 @@ func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 	}
 	cs.mu.Unlock()
 	if local {
-		h.holdSession(cs, sink)
+		_ = h.holdSession(cs, sink) // false: the stream has just ended
 	}
 	if newly {
 		cs.log.Info("cluster synced")
@@ -372,14 +398,15 @@ func (h *Hub) noteSynced(cs *clusterState, sink *mcp.Sink, collection string) {
 	}
 }
 
-// holdSession holds cs's session for the minion stream of sink, unless it has ended.
-func (h *Hub) holdSession(cs *clusterState, sink *mcp.Sink) {
+// holdSession holds cs's session for the minion stream of sink, unless it has ended, and
+// reports whether it did.
+func (h *Hub) holdSession(cs *clusterState, sink *mcp.Sink) bool {
 	epoch := h.mem().Hold(cs.name)
 	cs.mu.Lock()
 	if cs.received[sink] == nil { // the stream ended meanwhile
 		cs.mu.Unlock()
 		h.mem().Release(cs.name, epoch)
-		return
+		return false
 	}
 	if cs.sessions == nil {
 		cs.sessions = map[*mcp.Sink]uint64{}
@@ -387,6 +414,24 @@ func (h *Hub) holdSession(cs *clusterState, sink *mcp.Sink) {
 	cs.sessions[sink] = epoch
 	cs.mu.Unlock()
 	cs.log.Info("holding the cluster's session", "epoch", epoch)
+	return true
+}
+
+// superseded reports whether the minion stream of sink holds a session that a newer one
+// elsewhere has replaced (the minion reconnected to another replica before this stream was
+// noticed dead): its pushes are not applied; this replica follows the newer session.
+func (h *Hub) superseded(cs *clusterState, sink *mcp.Sink) bool {
+	if h.mem() == nil {
+		return false
+	}
+	cs.mu.Lock()
+	epoch, held := cs.sessions[sink]
+	cs.mu.Unlock()
+	if !held {
+		return false // resyncing: newer than any session
+	}
+	replica, newest, ok := h.mem().Authority(cs.name)
+	return ok && replica != h.cfg.Replicas.Name && newest > epoch
 }
 
 // releaseSession releases the session of epoch after its stream ended. Another synced
@@ -399,8 +444,7 @@ func (h *Hub) releaseSession(cs *clusterState, epoch uint64, other *mcp.Sink) {
 	if h.mem().Holds(cs.name) {
 		return // a newer session of this replica's holds it
 	}
-	if other != nil {
-		h.holdSession(cs, other)
+	if other != nil && h.holdSession(cs, other) {
 		return
 	}
 	if n := h.peerStreams.closeAll(cs.name); n > 0 {

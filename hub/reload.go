@@ -167,6 +167,10 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		if comp.removed(name) {
 			if cs := h.cluster(name); cs != nil {
 				res.ClosedIngest += cs.closeStreams()
+				h.peerStreams.closeAll(name)
+				cs.mu.Lock()
+				cs.everSynced = false // re-added later, it starts over (a peer's copy, its minion)
+				cs.mu.Unlock()
 			}
 		}
 	}

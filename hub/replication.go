@@ -213,7 +213,7 @@ type feedRouter struct{ h *Hub }
 // read as deletions at the follower.
 func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
-	if f.h.cluster(cluster) == nil {
+	if f.h.cluster(cluster) == nil || f.h.current().comp.removed(cluster) {
 		return status.Errorf(codes.InvalidArgument, "%s %q is not a configured cluster", ForwardClusterAnnotation, cluster)
 	}
 	if info.Node().GetAnnotations()[ForwardCopyAnnotation] == "true" {
@@ -237,6 +237,11 @@ func (f feedRouter) Watch(info *mcp.StreamInfo, collection string, notify func()
 	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
 	untrack := f.h.peerStreams.add(cluster, info)
 	coll, cancel, ok := f.h.store.feed(cluster).Watch(info, collection, notify)
+	// The cluster may have been released between Check and now, after its release closed
+	// the streams it knew of: this one must not outlive it.
+	if f.Check(info, collection) != nil {
+		info.Close()
+	}
 	return coll, func() { cancel(); untrack() }, ok
 }
 
@@ -293,6 +298,18 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, 
 		held[cs.name] = h.mem().Holds(cs.name)
 		a, ok := auth[cs.name]
 		f := follows[cs.name]
+		cs.mu.Lock()
+		resyncing := cs.local > len(cs.sessions) // a minion stream here has not delivered everything yet
+		cs.mu.Unlock()
+		if resyncing {
+			// The minion is here: its stream is the freshest source and the only writer of
+			// the cluster's store until it syncs (and holds it) or ends.
+			if f != nil {
+				f.stop()
+				delete(follows, cs.name)
+			}
+			continue
+		}
 		switch {
 		case cur.comp.removed(cs.name):
 			ok = false // no longer configured: nothing to follow

@@ -480,6 +480,14 @@ func (m *Members) notifyLocked() {
 	}
 }
 
+// Poke wakes Changed's and Watch's consumers without a change of the view (a caller whose
+// own state changed what they should do).
+func (m *Members) Poke() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.notifyLocked()
+}
+
 // Watch returns a channel poked (without blocking) on every change of the view, for a
 // second consumer besides Changed, and a function that stops it.
 func (m *Members) Watch() (<-chan struct{}, func()) {
@@ -538,8 +546,22 @@ func (m *Members) Authorities() map[string]Authority {
 
 // Authority returns the replica holding cluster with the newest epoch.
 func (m *Members) Authority(cluster string) (replica string, epoch uint64, ok bool) {
-	a, ok := m.Authorities()[cluster]
-	return a.Replica, a.Epoch, ok
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	consider := func(name string, e uint64) {
+		if e > epoch || (e == epoch && e > 0 && name < replica) {
+			replica, epoch, ok = name, e, true
+		}
+	}
+	if h, held := m.self.Holding[cluster]; held {
+		consider(m.self.Name, h.Epoch)
+	}
+	for _, p := range m.peers {
+		if h := p.holding[cluster]; h.Epoch > 0 {
+			consider(p.name, h.Epoch)
+		}
+	}
+	return replica, epoch, ok
 }
 
 // Replicas returns the live replicas (this one included), by name.
