@@ -221,7 +221,10 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	// The queue must not call into memberlist: memberlist calls the event delegates with its
 	// node lock held, and those take m.mu, under which broadcasts are queued.
 	m.live.Store(1)
-	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return int(m.live.Load()) }, RetransmitMult: mc.RetransmitMult}
+	// Holding changes are rare and small: transmit each more often than memberlist's own
+	// messages (4 × log(N+1) on a LAN), since memberlist piggybacks them on any packet and
+	// a few transmissions can all go to the same peer. The TCP send covers the rest.
+	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return int(m.live.Load()) }, RetransmitMult: max(mc.RetransmitMult, 16)}
 	if m.ml, err = memberlist.Create(mc); err != nil {
 		return nil, fmt.Errorf("replicas: %w", err)
 	}
