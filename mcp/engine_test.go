@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -112,6 +113,7 @@ func TestEngineReconnectResumesWithoutFullResend(t *testing.T) {
 			want[fmt.Sprintf("ns/r%03d", i)] = "1"
 		}
 		rec.waitState(t, vs, want)
+		waitVersions(t, sink, vs, want) // recorded after Apply returns: what the next stream declares
 		disconnect()
 
 		// While disconnected: one update, one delete.
@@ -126,6 +128,7 @@ func TestEngineReconnectResumesWithoutFullResend(t *testing.T) {
 		if len(got) != 1 || !got[0].Incremental || got[0].Resources != 1 || got[0].Removed != 1 {
 			t.Fatalf("pushes after reconnect = %+v, want one incremental push of 1 resource and 1 removal", got)
 		}
+		waitVersions(t, sink, vs, want)
 		disconnect()
 
 		// Nothing changed: the reconnect costs one empty push.
@@ -273,7 +276,8 @@ func TestServerAdmission(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := st.Send(&mcppb.RequestResources{Collection: vs}); err != nil {
+		// A refused stream's reason comes with Recv (Send may see only io.EOF).
+		if err := st.Send(&mcppb.RequestResources{Collection: vs}); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 		_, err = st.Recv()
@@ -351,5 +355,19 @@ func TestEngineMetrics(t *testing.T) {
 	}
 	if n := reg.counter(t, "meshfed_mcp_streams_open"); n != 0 {
 		t.Errorf("streams_open = %v after close", n)
+	}
+}
+
+// waitVersions waits until sink has recorded want as the versions it holds for collection
+// (it records them after its Applier returns, so a test that saw the Applier's state and
+// reconnects at once could otherwise declare older versions).
+func waitVersions(t *testing.T, sink *Sink, collection string, want map[string]string) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !mapsEqual(sink.Versions(collection), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("sink versions %v, want %v", sink.Versions(collection), want)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
