@@ -338,14 +338,18 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 
 // Kill sends SIGKILL to the replica's process group and waits for it (nothing if it has
 // already exited: its PID may belong to another process by now).
-func (h *Hub) Kill() {
+func (h *Hub) Kill() { killGroup(h.Pid, h.done) }
+
+// killGroup sends SIGKILL to process group pid unless done (closed when the process has
+// exited: its PID may belong to another process by then), and waits for done.
+func killGroup(pid int, done <-chan struct{}) {
 	select {
-	case <-h.done:
+	case <-done:
 		return
 	default:
 	}
-	_ = syscall.Kill(-h.Pid, syscall.SIGKILL)
-	<-h.done
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	<-done
 }
 
 // Get fetches one admin API path of the replica as JSON into v.
@@ -453,15 +457,7 @@ func (w *World) StartMinion(cluster string, prefer ...*Hub) *Minion {
 
 // Kill sends SIGKILL to the minion's process group and waits for it (nothing if it has
 // already exited).
-func (m *Minion) Kill() {
-	select {
-	case <-m.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-m.Pid, syscall.SIGKILL)
-	<-m.done
-}
+func (m *Minion) Kill() { killGroup(m.Pid, m.done) }
 
 func (w *World) killAll() {
 	w.mu.Lock()
