@@ -15,7 +15,9 @@
 // package hub/replicas (memberlist); each replica holds the clusters whose minion sessions
 // it has (the newest session's epoch wins), serves them as received to its peers over MCP
 // on the ingest listener, and follows the clusters the others hold, handing over without a
-// gap when a cluster's session moves.
+// gap when a cluster's session moves; a replica that starts while a cluster's minion is
+// away takes a peer's copy of it; each listening sink and polled minion is dialed by one
+// replica at a time.
 //
 // It does not watch Kubernetes or files (the minion does). Its only certificates are those
 // of its optional development CA (package tls).
