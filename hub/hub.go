@@ -68,7 +68,8 @@ type Hub struct {
 	ingestAddr string
 	serveAddr  string
 	httpAddr   string
-	runs       map[string]bool // dial-out tasks this replica runs (replicas)
+	runs       map[string]bool   // dial-out tasks this replica runs (replicas)
+	following  map[string]string // cluster -> what this replica follows it from (replicas)
 }
 
 // New builds a hub for cfg. reg receives the hub's and the engine's metrics (nil: a new

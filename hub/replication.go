@@ -292,7 +292,21 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, 
 	cur := h.current()
 	held, followed := map[string]bool{}, map[string]bool{}
 	var names []string
-	defer func() { h.metrics.replicaView(len(h.mem().Replicas()), held, followed, names) }()
+	defer func() {
+		h.metrics.replicaView(len(h.mem().Replicas()), held, followed, names)
+		view := map[string]string{}
+		for c, f := range follows {
+			switch {
+			case f.copy:
+				view[c] = "copy from " + strings.Join(f.peers, " or ")
+			default:
+				view[c] = f.replica
+			}
+		}
+		h.mu.Lock()
+		h.following = view
+		h.mu.Unlock()
+	}()
 	for _, cs := range h.clusterList() {
 		names = append(names, cs.name)
 		held[cs.name] = h.mem().Holds(cs.name)
@@ -545,6 +559,9 @@ type ReplicaStatus struct {
 	Authorities map[string]replicas.Authority `json:"authorities"`
 	// Runs are the dial-out tasks this replica runs: dialSink/<name>, poll/<cluster>.
 	Runs []string `json:"runs"`
+	// Following maps each cluster this replica follows to the replica it follows it from
+	// ("copy from a or b" for the copy of a cluster no replica holds).
+	Following map[string]string `json:"following"`
 }
 
 // Replicas returns the replica view, or nil for a single hub.
@@ -553,9 +570,13 @@ func (h *Hub) Replicas() *ReplicaStatus {
 		return nil
 	}
 	st := &ReplicaStatus{Self: h.cfg.Replicas.Name, Replicas: h.mem().Replicas(), Authorities: h.mem().Authorities(), Runs: []string{}}
+	st.Following = map[string]string{}
 	h.mu.Lock()
 	for k := range h.runs {
 		st.Runs = append(st.Runs, k)
+	}
+	for c, from := range h.following {
+		st.Following[c] = from
 	}
 	h.mu.Unlock()
 	sort.Strings(st.Runs)

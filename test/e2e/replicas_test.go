@@ -125,6 +125,10 @@ func TestReplicasInProcess(t *testing.T) {
 	if got := held(c, "east") + held(c, "west"); got != "ab" {
 		t.Fatalf("c sees east and west held by %q", got)
 	}
+	waitFor(t, 5*time.Second, "c follows east from a and west from b", func() bool {
+		f := c.Replicas().Following
+		return f["east"] == "a" && f["west"] == "b"
+	})
 	waitFor(t, 5*time.Second, "c's metrics: three replicas, two follows started", func() bool {
 		return metric(t, c, "meshfed_hub_replicas") == 3 && metric(t, c, "meshfed_hub_follows_started_total") >= 2
 	})
