@@ -38,6 +38,13 @@ routing:
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Errorf("default: %v", err)
 	}
+	rc, err := ParseConfig([]byte("trustDomain: mesh.example.com\ntls: {certFile: c, keyFile: k, caFile: a}\nclusters: [{name: a}]\nreplicas: {seedDNS: 'hubs.meshfed.svc:7946'}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rc.Replicas; r.Name == "" || r.Gossip != "0.0.0.0:7946" || r.Profile != "lan" {
+		t.Errorf("replicas defaults: %+v", r)
+	}
 }
 
 func TestConfigErrorsNameTheField(t *testing.T) {
@@ -60,6 +67,14 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{base + "surprise: 1", `unknown field "surprise"`},
 		{"insecure: true\nclusters: [{name: a, identities: [a], hosts: ['*foo.com']}]", "hosts[0]"},
 		{"insecure: true\nclusters: [{name: a, identities: [a], namespaces: ['*']}, {name: b, identities: [b], namespaces: [x]}]", `both own namespaces "x"`},
+		{"tls: {certFile: c, keyFile: k, caFile: a}\nclusters: [{name: a, identities: [a]}]\nreplicas: {name: r1}", "replicas: trustDomain is required"},
+		{base + "replicas: {name: 'a/b'}", `replicas.name: "a/b"`},
+		{base + "replicas: {name: r1, profile: wan}", `replicas.profile: "wan"`},
+		{base + "replicas: {name: r1, seeds: [nowhere]}", "replicas.seeds[0]"},
+		{base + "replicas: {name: r1, seedDNS: hubs}", "replicas.seedDNS"},
+		{base + "replicas: {name: r1, probeInterval: often}", "replicas.probeInterval"},
+		{base + "replicas: {name: r1, suspicionMult: -1}", "replicas.suspicionMult"},
+		{base + "replicas: {name: r1, gossip: 7946}", "replicas.gossip"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -90,6 +105,7 @@ func TestNamespaceOverlap(t *testing.T) {
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("insecure: true\nclusters: [{name: a, identities: [a], namespaces: ['team-*'], hosts: ['*.a.com']}]\n"))
 	f.Add([]byte("clusters: [{name: a}]\nrouting: {rules: [{name: r, labels: 'a in (b)'}]}\n"))
+	f.Add([]byte("insecure: true\nclusters: [{name: a, identities: [a]}]\nreplicas: {name: r1, gossip: '0.0.0.0:7946', seeds: ['h:7946'], profile: local, probeInterval: 200ms}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err == nil && len(cfg.Clusters) == 0 {
