@@ -205,6 +205,13 @@ func (s *sinkClient) view(collection string) string {
 	return strings.Join(out, ",")
 }
 
+// got reports whether the sink has had a push of collection.
+func (s *sinkClient) got(collection string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state[collection] != nil
+}
+
 func (s *sinkClient) removals() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -620,7 +627,8 @@ func TestHubReload(t *testing.T) {
 	runMinion(t, "east", east, ingest)
 	runMinion(t, "west", west, ingest)
 	waitFor(t, 20*time.Second, "converged", func() bool {
-		return globalSink.view(vs) == "pay/api@west,shop/cart@east" && eastSink.view(vs) == "shop/cart@east"
+		return globalSink.view(vs) == "pay/api@west,shop/cart@east" && eastSink.view(vs) == "shop/cart@east" &&
+			globalSink.got(dr) && eastSink.got(dr) // the (empty) other collection's push too, before counting pushes
 	})
 	next := func(mut func(c *hub.Config)) *hub.Config {
 		c := twoClusterConfig()
