@@ -332,7 +332,6 @@ func (s *FileSource) publish() {
 	sort.Slice(problems, func(i, j int) bool { return problems[i].String() < problems[j].String() })
 	newProblems := problemsAdded(s.problems, problems)
 	s.problems = problems
-	s.synced = true
 	s.mu.Unlock()
 
 	for _, p := range newProblems {
@@ -347,6 +346,12 @@ func (s *FileSource) publish() {
 		s.store.Replace(s.name, c, entries)
 		s.metrics.objects(s.name, c, len(entries))
 	}
+	// Synced only once the store has the scan: the minion starts publishing when every
+	// source is synced, and a first push without this source's objects would read as their
+	// deletion at the hub.
+	s.mu.Lock()
+	s.synced = true
+	s.mu.Unlock()
 }
 
 func problemsAdded(old, cur []Problem) []Problem {

@@ -131,13 +131,18 @@ func (s *KubeSource) Run(ctx context.Context) error {
 			if err := inf.SetTransform(trimObject); err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
-			if _, err := inf.AddEventHandler(s.handler(k)); err != nil {
+			reg, err := inf.AddEventHandler(s.handler(k))
+			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 			s.mu.Lock()
 			s.informers[k.Collection] = append(s.informers[k.Collection], inf)
 			s.mu.Unlock()
-			syncs = append(syncs, inf.HasSynced)
+			// The handler's sync, not the informer's: the informer's cache can be complete
+			// before our handler has put every initial object in the store, and the minion
+			// starts publishing when its sources are synced — a first push without those
+			// objects would read as their deletion at the hub.
+			syncs = append(syncs, reg.HasSynced)
 		}
 	}
 	for _, f := range factories {

@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
@@ -200,17 +201,22 @@ func (e *Env) StartAPIServer() { e.t.Helper(); e.startAPI() }
 
 func (e *Env) waitReady(p *proc) {
 	e.t.Helper()
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: nil}, Timeout: 2 * time.Second}
-	if tr, err := rest.TransportFor(e.Config(e.Admin)); err == nil {
-		hc.Transport = tr
-	}
 	deadline := time.Now().Add(90 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
 		if p.exited() {
 			e.t.Fatalf("kube-apiserver exited while starting:\n%s", p.tail())
 		}
+		// The serving certificate is generated at start: read it at every attempt (a
+		// client-go transport is cached by the CA file's name and would keep a CA read
+		// before the file was complete). /readyz is public: no credentials needed.
+		pool := x509.NewCertPool()
+		if pem, err := os.ReadFile(filepath.Join(e.Dir, "certs", "apiserver.crt")); err == nil {
+			pool.AppendCertsFromPEM(pem)
+		}
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 2 * time.Second}
 		resp, err := hc.Get(e.Host + "/readyz")
+		hc.CloseIdleConnections()
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -220,11 +226,6 @@ func (e *Env) waitReady(p *proc) {
 			last = fmt.Sprintf("%d %s", resp.StatusCode, body)
 		} else {
 			last = err.Error()
-			// The serving certificate is generated at start; a client built before it
-			// existed has no CA: rebuild it.
-			if tr, err := rest.TransportFor(e.Config(e.Admin)); err == nil {
-				hc.Transport = tr
-			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
