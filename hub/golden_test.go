@@ -176,7 +176,7 @@ func runGolden(t *testing.T, path string) {
 		fresh := h.store.served(v.sub)
 		for _, coll := range cfg.Collections {
 			var lines []string
-			for _, e := range snapshot(v.cache, coll) {
+			for _, e := range v.cache.Entries(coll) {
 				lines = append(lines, fmt.Sprintf("  %s %s %s", short(coll), e.Name, e.Version))
 				if fresh[coll][e.Name] != e.Version {
 					t.Errorf("sink %s: the incrementally kept view has %s %s at %s, a fresh one %q", v.s.Node, coll, e.Name, e.Version, fresh[coll][e.Name])
@@ -192,15 +192,6 @@ func runGolden(t *testing.T, path string) {
 		}
 	}
 	check(t, path, f, b.String())
-}
-
-func snapshot(c *mcp.Cache, collection string) []*mcp.Entry {
-	coll, cancel, ok := c.Watch(nil, collection, func() {})
-	defer cancel()
-	if !ok {
-		return nil
-	}
-	return coll.Snapshot().Entries
 }
 
 func short(collection string) string { return collection[strings.LastIndex(collection, "/")+1:] }

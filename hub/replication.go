@@ -247,11 +247,11 @@ func (f feedRouter) Watch(info *mcp.StreamInfo, collection string, notify func()
 
 // follow is one replica-to-replica stream of one cluster from the replica holding it.
 type follow struct {
-	cluster, replica, addr string
-	copy                   bool     // the copy of a cluster no replica holds (ForwardCopyAnnotation)
-	peers                  []string // copy: the peers asked, in order
-	cancel                 context.CancelFunc
-	retired                atomic.Bool // superseded: its pushes are no longer applied
+	replica, addr string
+	copy          bool     // the copy of a cluster no replica holds (ForwardCopyAnnotation)
+	peers         []string // copy: the peers asked, in order
+	cancel        context.CancelFunc
+	retired       atomic.Bool // superseded: its pushes are no longer applied
 }
 
 func (f *follow) stop() {
@@ -371,7 +371,7 @@ func (h *Hub) reconcileFollows(ctx context.Context, follows map[string]*follow, 
 }
 
 func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Authority, wg *sync.WaitGroup) *follow {
-	f := &follow{cluster: cs.name, replica: a.Replica, addr: a.MCPAddr}
+	f := &follow{replica: a.Replica, addr: a.MCPAddr}
 	log := cs.log.With("from_replica", a.Replica, "addr", a.MCPAddr)
 	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
 	h.runFollow(ctx, cs, f, []string{a.MCPAddr}, log, wg)
@@ -381,7 +381,7 @@ func (h *Hub) startFollow(ctx context.Context, cs *clusterState, a replicas.Auth
 // startCopy takes the copy of cs, which no replica holds, from the first of peers that has
 // one, and keeps mirroring it.
 func (h *Hub) startCopy(ctx context.Context, cs *clusterState, peers []replicas.Replica, wg *sync.WaitGroup) *follow {
-	f := &follow{cluster: cs.name, copy: true}
+	f := &follow{copy: true}
 	var addrs []string
 	for _, p := range peers {
 		f.peers = append(f.peers, p.Name)
@@ -480,13 +480,19 @@ func (h *Hub) assigned(key string) bool {
 	}
 	best, bestScore := "", uint64(0)
 	for _, r := range m.Replicas() {
-		f := fnv.New64a()
-		_, _ = f.Write([]byte(r.Name + "\x00" + key))
-		if s := f.Sum64(); best == "" || s > bestScore || (s == bestScore && r.Name < best) {
+		if s := rendezvous(r.Name, key); best == "" || s > bestScore || (s == bestScore && r.Name < best) {
 			best, bestScore = r.Name, s
 		}
 	}
 	return best == h.cfg.Replicas.Name
+}
+
+// rendezvous is replica's score for key: the replica with the highest score runs it (every
+// replica computes the same from the same membership; a departure moves only its keys).
+func rendezvous(replica, key string) uint64 {
+	f := fnv.New64a()
+	_, _ = f.Write([]byte(replica + "\x00" + key))
+	return f.Sum64()
 }
 
 // runAssigned runs run while this replica is assigned key (always, for a single hub),
@@ -580,7 +586,6 @@ func (h *Hub) Replicas() *ReplicaStatus {
 	}
 	h.mu.Unlock()
 	sort.Strings(st.Runs)
-	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].Name < st.Replicas[j].Name })
 	return st
 }
 
@@ -622,9 +627,7 @@ func (h *Hub) copySources(cluster string) []replicas.Replica {
 		if r.Name == h.cfg.Replicas.Name || r.MCPAddr == "" {
 			continue
 		}
-		f := fnv.New64a()
-		_, _ = f.Write([]byte(r.Name + "\x00copy/" + cluster))
-		peers = append(peers, scored{r, f.Sum64()})
+		peers = append(peers, scored{r, rendezvous(r.Name, "copy/"+cluster)})
 	}
 	sort.Slice(peers, func(i, j int) bool { return peers[i].score > peers[j].score })
 	out := make([]replicas.Replica, len(peers))

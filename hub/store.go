@@ -517,7 +517,7 @@ func (s *store) reroute(table *routing.Table) {
 			var put []*mcp.Entry
 			var remove []string
 			have := map[string]bool{}
-			for _, e := range snapshotOf(v.cache, coll) {
+			for _, e := range v.cache.Entries(coll) {
 				have[e.Name] = true
 				if w, ok := want[e.Name]; !ok {
 					remove = append(remove, e.Name)
@@ -536,16 +536,6 @@ func (s *store) reroute(table *routing.Table) {
 			}
 		}
 	}
-}
-
-// snapshotOf returns a cache collection's current entries.
-func snapshotOf(c *mcp.Cache, collection string) []*mcp.Entry {
-	coll, cancel, ok := c.Watch(nil, collection, func() {})
-	defer cancel()
-	if !ok {
-		return nil
-	}
-	return coll.Snapshot().Entries
 }
 
 // Candidate is one cluster's resource for a collection/name, as the why API shows it.

@@ -130,6 +130,18 @@ func (c *Cache) Get(collection, name string) *Entry {
 	return cc.entries[name]
 }
 
+// Entries returns a collection's current entries (its snapshot's: shared, do not modify),
+// or nil for a collection the cache does not serve.
+func (c *Cache) Entries(collection string) []*Entry {
+	c.mu.RLock()
+	cc := c.colls[collection]
+	c.mu.RUnlock()
+	if cc == nil {
+		return nil
+	}
+	return cc.Snapshot().Entries
+}
+
 // Len returns the number of entries in a collection.
 func (c *Cache) Len(collection string) int {
 	c.mu.RLock()

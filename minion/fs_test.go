@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshfed/meshfed/internal/testlog"
+	"github.com/meshfed/meshfed/internal/testwait"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -43,31 +44,16 @@ func write(t testing.TB, root, rel, content string) {
 // names returns collection's published names -> versions.
 func published(c *mcp.Cache, collection string) map[string]string {
 	out := map[string]string{}
-	for _, e := range mcpSnapshot(c, collection) {
+	for _, e := range c.Entries(collection) {
 		out[e.Name] = e.Version
 	}
 	return out
 }
 
-func mcpSnapshot(c *mcp.Cache, collection string) []*mcp.Entry {
-	coll, cancel, ok := c.Watch(nil, collection, func() {})
-	defer cancel()
-	if !ok {
-		return nil
-	}
-	return coll.Snapshot().Entries
-}
-
-// eventually waits until cond holds.
+// eventually polls cond for up to 10 s.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, what, cond)
 }
 
 func keys(m map[string]string) string {

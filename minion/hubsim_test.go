@@ -19,6 +19,8 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/mcp"
+
+	"github.com/meshfed/meshfed/internal/testwait"
 )
 
 // hubSim is the hub side of a minion's push stream for tests: a real gRPC ResourceSink
@@ -227,17 +229,8 @@ func body[T proto.Message](t testing.TB, r *mcpapi.Resource, msg T) T {
 	return msg
 }
 
-// waitFor polls cond for up to d.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// waitFor polls cond for up to d (testwait.For).
+var waitFor = testwait.For
 
 // metricValue returns the value of the minion's metric with exactly these labels (0 if
 // absent).

@@ -5,9 +5,10 @@
 // It carries membership and that small metadata only, never resource data: resources move
 // between replicas over MCP.
 //
-// Gossip: each change of a holding is one small broadcast (a delta of one cluster, ~80
-// bytes, whatever the number of clusters), and memberlist's TCP push/pull carries each
-// replica's full state as a backstop. Every replica stamps its changes with a version that
+// Gossip: each change of a holding is one small delta (one cluster, ~80 bytes, whatever the
+// number of clusters), sent as a broadcast and over memberlist's TCP channel to each member;
+// full states travel in memberlist's push/pull and whenever a replica (re)joins (each side
+// sends its own and asks for the other's). Every replica stamps its changes with a version that
 // only grows, and with an incarnation (its start time), so a replica that restarts under the
 // same name before its death was noticed still supersedes what it said before.
 //
@@ -216,6 +217,7 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
 		sends: make(chan outgoing, 1024),
 		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
+	m.watchers = map[chan struct{}]bool{m.changed: true}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	// The queue must not call into memberlist: memberlist calls the event delegates with its
@@ -471,11 +473,7 @@ func (m *Members) changeLocked(cluster string, epoch uint64) {
 }
 
 func (m *Members) notifyLocked() {
-	select {
-	case m.changed <- struct{}{}:
-	default:
-	}
-	for w := range m.watchers {
+	for w := range m.watchers { // Changed's channel among them
 		select {
 		case w <- struct{}{}:
 		default:
@@ -497,9 +495,6 @@ func (m *Members) Watch() (<-chan struct{}, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	w := make(chan struct{}, 1)
-	if m.watchers == nil {
-		m.watchers = map[chan struct{}]bool{}
-	}
 	m.watchers[w] = true
 	return w, func() {
 		m.mu.Lock()

@@ -16,6 +16,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/goleak"
+
+	"github.com/meshfed/meshfed/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -50,15 +52,10 @@ func startWith(t *testing.T, cfg Config) *Members {
 	return m
 }
 
+// eventually polls cond for up to 15 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, 15*time.Second, what, cond)
 }
 
 // allJoined waits until every member sees all of them.
@@ -254,9 +251,11 @@ func FuzzMerge(f *testing.F) {
 
 // offline is a Members without memberlist, for merge tests.
 func offline() *Members {
-	return &Members{cfg: Config{Name: "a"}, log: quiet(), peers: map[string]*peer{}, gone: map[string]departed{}, maxEpoch: map[string]uint64{},
+	m := &Members{cfg: Config{Name: "a"}, log: quiet(), peers: map[string]*peer{}, gone: map[string]departed{}, maxEpoch: map[string]uint64{},
 		changed: make(chan struct{}, 1), self: message{Name: "a", Full: true, Holding: map[string]hold{}},
 		queue: &memberlist.TransmitLimitedQueue{NumNodes: func() int { return 1 }, RetransmitMult: 1}, sends: make(chan outgoing, 1024)}
+	m.watchers = map[chan struct{}]bool{m.changed: true}
+	return m
 }
 
 // Holdings spread by broadcast alone (push/pull is an hour away).

@@ -32,6 +32,7 @@ import (
 	"github.com/meshfed/meshfed/hub"
 	admincli "github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/internal/testlog"
+	"github.com/meshfed/meshfed/internal/testwait"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/minion"
@@ -48,16 +49,8 @@ const (
 // logger writes to t.Log until the test ends.
 func logger(t testing.TB) *slog.Logger { return testlog.New(t) }
 
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// waitFor polls cond for up to d (testwait.For).
+var waitFor = testwait.For
 
 func writeFile(t testing.TB, root, rel, content string) {
 	t.Helper()
