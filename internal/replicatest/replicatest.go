@@ -192,7 +192,7 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 		// On the shared loopback, ports below the ephemeral range: a replica restarted on
 		// its addresses must find them free, and the kernel may hand a freed ephemeral
 		// port to any other process meanwhile. (In a namespace of its own, port 0 is fine.)
-		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = w.port(false), w.port(false), w.port(false), w.port(true)
+		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = FreeAddr(w.tb, false), FreeAddr(w.tb, false), FreeAddr(w.tb, false), FreeAddr(w.tb, true)
 	}
 	c, k, _ := w.ca.Issue(w.tb, w.Dir, "hub-"+name, host, "spiffe://"+TrustDomain+"/hub/"+name)
 	cfg.TLS = &hub.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}
@@ -211,10 +211,12 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 	return cfg
 }
 
-// port returns a free 127.0.0.1 port below Linux's ephemeral range (32768 and up), free for
-// UDP too when udp is set (memberlist uses both).
-func (w *World) port(udp bool) string {
-	w.tb.Helper()
+// FreeAddr returns a free 127.0.0.1 address whose port is below Linux's ephemeral range
+// (32768 and up), free for UDP too when udp is set. For a process that must be given its
+// addresses up front, or restarted on them: the kernel hands a freed ephemeral port to any
+// other process meanwhile, never one below that range.
+func FreeAddr(tb TB, udp bool) string {
+	tb.Helper()
 	for range 200 {
 		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
 		l, err := net.Listen("tcp", addr)
@@ -232,7 +234,7 @@ func (w *World) port(udp bool) string {
 		l.Close()
 		return addr
 	}
-	w.tb.Fatal("no free port below the ephemeral range")
+	tb.Fatal("no free port below the ephemeral range")
 	return ""
 }
 

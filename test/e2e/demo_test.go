@@ -3,9 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"math/rand/v2"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -13,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshfed/meshfed/internal/replicatest"
 	"github.com/meshfed/meshfed/internal/testbin"
 )
 
@@ -27,22 +25,9 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The script takes its addresses up front. A port the kernel hands out (port 0) and
-	// frees again can be handed to another process before the demo binds it, and the
-	// replica tests start many processes in parallel: pick a free port below Linux's
-	// ephemeral range (32768 and up) instead, where the kernel never hands ports out.
-	free := func() string {
-		for range 100 {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
-			if err != nil {
-				continue
-			}
-			defer l.Close()
-			return l.Addr().String()
-		}
-		t.Fatal("no free port below the ephemeral range")
-		return ""
-	}
+	// The script takes its addresses up front: ports the kernel never hands to other
+	// processes meanwhile (the replica tests start many in parallel).
+	free := func() string { return replicatest.FreeAddr(t, false) }
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "hack/demo.sh"))
