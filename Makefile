@@ -18,7 +18,7 @@ demo: ## a hub (development CA), two minions and a sink on 127.0.0.1; Ctrl-C sto
 	./hack/demo.sh
 
 testbins: ## build (or find cached) kube-apiserver, etcd and Istio's MCP peer in .cache/bin
-	$(GO) run ./internal/testbin/build
+	$(GO) run ./internal/testkit/testbin/build
 
 test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiserver, Istio interop (the CI command)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)

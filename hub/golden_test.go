@@ -19,7 +19,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshfed/meshfed/internal/golden"
+	"github.com/meshfed/meshfed/internal/testkit/golden"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/routing"
 )

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
-	"github.com/meshfed/meshfed/internal/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 

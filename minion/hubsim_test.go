@@ -20,7 +20,7 @@ import (
 
 	"github.com/meshfed/meshfed/mcp"
 
-	"github.com/meshfed/meshfed/internal/testwait"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 // hubSim is the hub side of a minion's push stream for tests: a real gRPC ResourceSink

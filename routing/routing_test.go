@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshfed/meshfed/internal/golden"
+	"github.com/meshfed/meshfed/internal/testkit/golden"
 )
 
 // scenarioSink and scenarioResource are the YAML forms of a golden file's sinks and

@@ -16,8 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/meshfed/meshfed/internal/bench"
-	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/bench"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 )
 
 func main() {

@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/goleak"
 
-	"github.com/meshfed/meshfed/internal/testwait"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

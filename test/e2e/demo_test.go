@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshfed/meshfed/internal/replicatest"
-	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/replicatest"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 )
 
 // TestDemo runs `make demo`'s script as a user would (real hub and minion processes, the

@@ -31,8 +31,8 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	admincli "github.com/meshfed/meshfed/hub/admin"
-	"github.com/meshfed/meshfed/internal/testlog"
-	"github.com/meshfed/meshfed/internal/testwait"
+	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/minion"

@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/meshfed/meshfed/internal/kubetest"
-	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/kubetest"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/minion"
 )

@@ -2,7 +2,7 @@
 // github.com/meshfed/meshfed/mcp) and Istio 1.8.0's own MCP implementation.
 //
 // Istio's side is the istio-mcp-peer command of the separate module test/istio (built and
-// cached by internal/testbin), run as a real child process; meshfed's side runs in the test
+// cached by internal/testkit/testbin), run as a real child process; meshfed's side runs in the test
 // process. The two talk real gRPC over 127.0.0.1, in all four directions:
 //
 //  1. Istio source-server (ResourceSource) ← meshfed Sink.PullFrom

@@ -28,8 +28,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
-	"github.com/meshfed/meshfed/internal/testbin"
-	"github.com/meshfed/meshfed/internal/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/mcp"
 )
 

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/meshfed/meshfed/hub/admin"
-	"github.com/meshfed/meshfed/internal/golden"
-	rt "github.com/meshfed/meshfed/internal/replicatest"
+	"github.com/meshfed/meshfed/internal/testkit/golden"
+	rt "github.com/meshfed/meshfed/internal/testkit/replicatest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

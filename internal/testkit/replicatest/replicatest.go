@@ -28,8 +28,8 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub"
-	"github.com/meshfed/meshfed/internal/kubetest"
-	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/kubetest"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"

@@ -49,7 +49,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 )
 
 // TB is the part of testing.TB this package uses, so that the benchmark command, which is

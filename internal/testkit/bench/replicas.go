@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	rt "github.com/meshfed/meshfed/internal/replicatest"
+	rt "github.com/meshfed/meshfed/internal/testkit/replicatest"
 )
 
 // run runs f with a runner as its TB and turns a Fatal into an error.

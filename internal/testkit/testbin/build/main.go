@@ -8,7 +8,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/meshfed/meshfed/internal/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 )
 
 func main() {

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/meshfed/meshfed/internal/kubetest"
+	"github.com/meshfed/meshfed/internal/testkit/kubetest"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/minion"
 )
