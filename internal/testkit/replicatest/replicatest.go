@@ -1,7 +1,7 @@
 // Package replicatest runs a group of hub replicas as real processes on loopback, with
 // minion processes publishing files and in-process MCP sinks, all over mutual TLS from one
 // test CA: the world the replica tests (test/replicas) and the replica benchmarks
-// (internal/bench) kill, restart and split.
+// (internal/testkit/bench) kill, restart and split.
 //
 // Hub and minion binaries are built from this module into .cache/bin on first use. Every
 // process is started in its own process group and killed (SIGKILL) when the test ends;

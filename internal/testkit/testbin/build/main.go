@@ -1,5 +1,5 @@
 // Command build builds (or finds cached) the test binaries named on the command line, or
-// all of them: `go run ./internal/testbin/build [name...]`. `make testbins` runs it.
+// all of them: `go run ./internal/testkit/testbin/build [name...]`. `make testbins` runs it.
 package main
 
 import (
