@@ -290,9 +290,9 @@ func TestHubConfigMapParses(t *testing.T) {
 		t.Errorf("hub args %q, want %q", c.Args, want)
 	}
 	for field, f := range map[string][3]string{
-		"tls.certFile":     {cfg.TLS.CertFile, "meshfed-hub-tls", "tls.crt"},
-		"tls.keyFile":      {cfg.TLS.KeyFile, "meshfed-hub-tls", "tls.key"},
-		"tls.caFile":       {cfg.TLS.CAFile, "meshfed-hub-tls", "ca.crt"},
+		"tls.certFile":     {cfg.TLS.Cert, "meshfed-hub-tls", "tls.crt"},
+		"tls.keyFile":      {cfg.TLS.Key, "meshfed-hub-tls", "tls.key"},
+		"tls.caFile":       {cfg.TLS.CA, "meshfed-hub-tls", "ca.crt"},
 		"replicas.keyFile": {cfg.Replicas.KeyFile, "meshfed-hub-gossip", "key"},
 	} {
 		got, secret, key := f[0], f[1], f[2]
@@ -829,7 +829,7 @@ func TestMinionConfigMapParses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ConfigMap meshfed-minion minion.yaml: %v", err)
 	}
-	if cfg.TLS == nil || !strings.HasPrefix(cfg.TLS.CertFile, "/etc/meshfed/tls/") {
+	if cfg.TLS == nil || !strings.HasPrefix(cfg.TLS.Cert, "/etc/meshfed/tls/") {
 		t.Errorf("minion.yaml: tls = %+v, want the mounted Secret's files", cfg.TLS)
 	}
 }

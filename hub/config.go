@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/pattern"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
@@ -33,27 +35,31 @@ func SinkIdentity(trustDomain, sink string) string {
 // mcp.DevIdentityHeader).
 const DevIdentityHeader = mcp.DevIdentityHeader
 
-// Config is the hub's configuration file (YAML). DefaultConfig is what runs with no file.
+// MaxIngestMessageSize is the largest message the ingest listener accepts: a cluster's first
+// push of a collection is its whole state.
+const MaxIngestMessageSize = 64 << 20
+
+// Config is the hub's configuration file (YAML). Defaults holds every default; a file is
+// read on top of it, and DefaultConfig is what runs with no file.
 type Config struct {
-	// Ingest is where minions push (ResourceSink). Default 127.0.0.1:9901.
+	// Ingest is where minions push (ResourceSink).
 	Ingest string `json:"ingest,omitempty"`
-	// Serve is where sinks subscribe (ResourceSource). Default 127.0.0.1:9900.
+	// Serve is where sinks subscribe (ResourceSource, MCP over xDS).
 	Serve string `json:"serve,omitempty"`
 	// HTTP is the admin API, /metrics, /healthz, /readyz and pprof. Empty disables it.
-	// Default 127.0.0.1:9990.
 	HTTP string `json:"http,omitempty"`
 
 	// TLS makes both gRPC listeners require mutual TLS; a peer's identity is its
-	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Required unless
-	// Insecure.
-	TLS *TLSConfig `json:"tls,omitempty"`
+	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Its serverName
+	// applies to the connections the hub dials (dialSinks, poll, replicas). Required
+	// unless Insecure or DevCA.
+	TLS *meshtls.Config `json:"tls,omitempty"`
 	// DevCA makes the hub its own certificate authority for development: on first start it
 	// creates a CA and its serving certificate under StateDir (keys 0600) and reuses them
 	// after; `hub certs issue` issues the clusters' and sinks' certificates from it. It is
 	// never used unless set, and cannot be combined with tls.
 	DevCA bool `json:"devCA,omitempty"`
-	// StateDir holds the development CA. Default .meshfed/hub (relative to the working
-	// directory).
+	// StateDir holds the development CA (relative to the working directory).
 	StateDir string `json:"stateDir,omitempty"`
 	// Insecure serves plaintext and takes a peer's identity from the x-meshfed-dev-identity
 	// header, which anyone can set: for a laptop, never for production. Logged loudly.
@@ -62,18 +68,19 @@ type Config struct {
 	// TrustDomain, when set, is the SPIFFE trust domain of the mesh's identities: minions
 	// are spiffe://<trustDomain>/cluster/<name>, sinks spiffe://<trustDomain>/sink/<name>.
 	// A cluster without identities gets its SPIFFE ID; a certificate of the wrong kind (a
-	// sink's pushing, a cluster's subscribing) is refused; a sink whose SinkNode id differs
-	// from its certificate's name is routed by the certificate.
+	// sink's pushing, a cluster's subscribing) is refused; a sink is routed by the name in
+	// its certificate, not by a SinkNode id that says otherwise. With devCA and no trust
+	// domain, the development CA's (DevTrustDomain).
 	TrustDomain string `json:"trustDomain,omitempty"`
 	// Clusters that may publish, each with its identities and what it owns.
 	Clusters []ClusterConfig `json:"clusters"`
-	// SharedNamespaces are namespace patterns several clusters may own at once; outside
-	// them, overlapping namespace ownership is a configuration error.
+	// SharedNamespaces are namespace patterns (package hub/pattern) several clusters may own
+	// at once; outside them, overlapping namespace ownership is a configuration error.
 	SharedNamespaces []string `json:"sharedNamespaces,omitempty"`
 	// DomainSuffix resolves short host names ("reviews" in namespace "shop" is
-	// reviews.shop.svc.<suffix>). Default cluster.local.
+	// reviews.shop.svc.<suffix>).
 	DomainSuffix string `json:"domainSuffix,omitempty"`
-	// Collections the hub accepts and serves. Default: every built-in Istio collection.
+	// Collections the hub accepts and serves.
 	Collections []string `json:"collections,omitempty"`
 	// Conflicts decides which cluster's resource is served when several publish the same
 	// collection/namespace/name.
@@ -82,11 +89,10 @@ type Config struct {
 	Staleness StalenessConfig `json:"staleness,omitempty"`
 	// WarmUp: after a start, nothing is served until every configured cluster has synced or
 	// this long has passed, so a sink never gets an empty state because the hub restarted.
-	// Default 30s.
 	WarmUp Duration `json:"warmUp,omitempty"`
 	// Routing gives each sink its subset.
 	Routing routing.Config `json:"routing"`
-	// MaxMessageSize is the largest push sent to a sink, in bytes. Default 4 MiB − 1 KiB.
+	// MaxMessageSize is the largest push sent to a sink, in bytes.
 	MaxMessageSize int `json:"maxMessageSize,omitempty"`
 	// DialSinks are sinks that only listen (they serve ResourceSink): the hub dials each and
 	// pushes its subset, routed by the identity and node configured here.
@@ -94,22 +100,75 @@ type Config struct {
 	// Poll lists clusters whose minion serves ResourceSource (its destinations.listen) for
 	// the hub to dial, instead of the minion dialing in.
 	Poll []PollCluster `json:"poll,omitempty"`
-	// Backoff bounds the redial delay of dialSinks and poll. Default 100ms to 30s.
-	Backoff BackoffConfig `json:"backoff,omitempty"`
+	// Backoff bounds the redial delay of dialSinks, poll and the replicas' streams.
+	Backoff ops.Backoff `json:"backoff,omitempty"`
 	// Limits on new streams per peer (authenticated identity, else IP address); excess
 	// streams are refused with ResourceExhausted.
 	Limits LimitsConfig `json:"limits,omitempty"`
 	// Replicas makes this hub one replica of several acting as one hub (see
-	// ReplicasConfig). Absent: a single hub.
+	// ReplicasConfig; the layer is package hub/replicas). Absent: a single hub.
 	Replicas *ReplicasConfig `json:"replicas,omitempty"`
+}
+
+// Defaults returns every default of the hub's configuration, in one literal. ParseConfig
+// reads a file on top of it (a field the file leaves out keeps its value here); a program
+// building a configuration starts from it too.
+func Defaults() *Config {
+	return &Config{
+		// Loopback: nothing is reachable from elsewhere until the operator says so.
+		Ingest: "127.0.0.1:9901",
+		Serve:  "127.0.0.1:9900",
+		// No admin listener unless asked for (DefaultConfig asks for one).
+		HTTP:         "",
+		StateDir:     filepath.Join(".meshfed", "hub"),
+		DomainSuffix: acl.DefaultDomainSuffix,
+		Collections:  kinds.Collections(),
+		// A disconnected cluster's resources stay served: withdrawing them is the riskier
+		// default for the meshes that consume them.
+		Staleness: StalenessConfig{Default: "keep"},
+		// Long enough for every minion to reconnect after a hub restart.
+		WarmUp: ops.D(30 * time.Second),
+		// Istio Pilot's gRPC receive limit is 4 MiB; the rest is headroom for the envelope.
+		MaxMessageSize: mcp.DefaultMaxMessageSize,
+		Backoff:        ops.Backoff{Initial: ops.D(100 * time.Millisecond), Max: ops.D(30 * time.Second)},
+		// Istio's sinks redial in a tight loop when a stream fails: a few streams a second
+		// per peer is plenty for a healthy one.
+		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20},
+	}
+}
+
+// DefaultReplicas returns every default of the replicas section, in one literal: a file's
+// replicas section is read on top of it.
+func DefaultReplicas() *ReplicasConfig {
+	name, _ := os.Hostname() // a pod's name: unique per replica of a StatefulSet
+	return &ReplicasConfig{
+		Name:    name,
+		Gossip:  "0.0.0.0:7946", // memberlist's port
+		Profile: "lan",
+		// How fast a healed network split rejoins, against a few packets per interval.
+		RejoinInterval: ops.D(10 * time.Second),
+	}
+}
+
+// DefaultConfig is what runs with no file: development mode on one machine (its own CA in
+// StateDir, the admin API on 127.0.0.1:9990), one cluster "dev" (what a minion with its
+// default configuration calls itself) owning everything, every sink receiving everything.
+func DefaultConfig() *Config {
+	c := Defaults()
+	c.DevCA = true
+	c.HTTP = "127.0.0.1:9990"
+	c.Clusters = []ClusterConfig{{Name: "dev", Namespaces: []string{"*"}, Hosts: []string{"*"}}}
+	c.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}
+	c.WarmUp = ops.D(5 * time.Second) // one local minion: no need to wait long
+	return c
 }
 
 // LimitsConfig bounds how fast one peer may open streams (Istio's sinks redial in a tight
 // loop when a stream fails).
 type LimitsConfig struct {
-	// StreamsPerSecond per peer. Default 5.
+	// StreamsPerSecond per peer.
 	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
-	// StreamBurst is how many a peer may open at once. Default 20.
+	// StreamBurst is how many a peer may open at once.
 	StreamBurst int `json:"streamBurst,omitempty"`
 }
 
@@ -133,33 +192,16 @@ type PollCluster struct {
 	Addr string `json:"addr"`
 }
 
-// BackoffConfig is an exponential backoff with full jitter.
-type BackoffConfig struct {
-	Initial Duration `json:"initial,omitempty"`
-	Max     Duration `json:"max,omitempty"`
-}
-
-// TLSConfig names the hub's certificate, key and trust bundle (PEM files, re-read on change).
-type TLSConfig struct {
-	CertFile string `json:"certFile"`
-	KeyFile  string `json:"keyFile"`
-	CAFile   string `json:"caFile"`
-}
-
-func (t *TLSConfig) files() meshtls.Files {
-	return meshtls.Files{Cert: t.CertFile, Key: t.KeyFile, CA: t.CAFile}
-}
-
 // ClusterConfig is one cluster allowed to publish.
 type ClusterConfig struct {
 	// Name is the cluster's name in the hub (routing rules, the origin annotation, the API).
 	Name string `json:"name"`
 	// Identities are the authenticated identities that are this cluster, exactly (e.g.
-	// spiffe://mesh.example.com/cluster/east).
+	// spiffe://mesh.example.com/cluster/east). Default with a trust domain: its SPIFFE ID.
 	Identities []string `json:"identities"`
-	// Namespaces it owns: "shop", "team-*", "*".
+	// Namespaces it owns (namespace patterns, package hub/pattern): "shop", "team-*", "*".
 	Namespaces []string `json:"namespaces,omitempty"`
-	// Hosts it owns: "api.example.com", "*.shop.example.com", "*".
+	// Hosts it owns (host patterns): "api.example.com", "*.shop.example.com", "*".
 	Hosts []string `json:"hosts,omitempty"`
 	// ClusterScoped lists the collections whose cluster-scoped resources it may publish.
 	ClusterScoped []string `json:"clusterScoped,omitempty"`
@@ -168,14 +210,14 @@ type ClusterConfig struct {
 // ConflictConfig is the conflict policy.
 type ConflictConfig struct {
 	// Priority lists cluster names, highest first; unlisted clusters come after. Without
-	// it (the default), the resource with the oldest create_time wins, ties by cluster name.
+	// it, the resource with the oldest create_time wins, ties by cluster name.
 	Priority []string `json:"priority,omitempty"`
 }
 
 // StalenessConfig says how long a disconnected cluster's resources stay served.
 type StalenessConfig struct {
-	// Default applies to collections not listed: "keep" (forever, the default) or a
-	// duration ("10m") after which they are dropped.
+	// Default applies to collections not listed: "keep" (forever) or a duration ("10m")
+	// after which they are dropped.
 	Default string `json:"default,omitempty"`
 	// Collections overrides Default per collection.
 	Collections map[string]string `json:"collections,omitempty"`
@@ -192,7 +234,7 @@ func (s StalenessConfig) ttl(collection string) time.Duration {
 }
 
 func parseStaleness(v string) (time.Duration, error) {
-	if v == "" || v == "keep" {
+	if v == "keep" || v == "" { // an empty value has always meant keep
 		return 0, nil
 	}
 	d, err := time.ParseDuration(v)
@@ -206,24 +248,106 @@ func parseStaleness(v string) (time.Duration, error) {
 // by Validate with the field's name.
 type Duration = ops.Duration
 
-// DefaultConfig runs on one machine: development mode, one cluster "dev" (what a minion
-// with its default configuration calls itself) owning everything, every sink receiving
-// everything.
-func DefaultConfig() *Config {
-	return &Config{
-		DevCA:    true,
-		Clusters: []ClusterConfig{{Name: "dev", Namespaces: []string{"*"}, Hosts: []string{"*"}}},
-		Routing:  routing.Config{Default: &routing.Rule{Name: "everything"}},
-		WarmUp:   Duration{Duration: 5 * time.Second},
+// ReplicasConfig makes a hub one replica of several that act as one hub: any minion and any
+// sink may use any replica. Every replica must run the same configuration otherwise.
+//
+// Membership and failure detection are hashicorp/memberlist's (gossip); a cluster's
+// resources travel between replicas over MCP, on the ingest listener, from the replica
+// holding the cluster's newest minion session to every other one. DefaultReplicas holds
+// the defaults.
+type ReplicasConfig struct {
+	// Name is this replica's unique name; its identity is spiffe://<trustDomain>/hub/<name>
+	// (the certificate it presents to its peers).
+	Name string `json:"name,omitempty"`
+	// Gossip is the memberlist address (UDP and TCP).
+	Gossip string `json:"gossip,omitempty"`
+	// Advertise is the address (host:port) peers dial to reach this replica's ingest
+	// listener. Empty: the ingest listener's address; when it listens on every interface,
+	// the host's first private IPv4 address (a pod's IP) with its port.
+	Advertise string `json:"advertise,omitempty"`
+	// Seeds are other replicas' gossip addresses; SeedDNS a name:port resolving to them
+	// (a Kubernetes headless Service). Unreachable seeds are not an error: the first
+	// replica has none to join.
+	Seeds   []string `json:"seeds,omitempty"`
+	SeedDNS string   `json:"seedDNS,omitempty"`
+	// KeyFile holds the gossip encryption key, base64 of 16, 24 or 32 bytes, the same on
+	// every replica. Without it gossip is plaintext (logged).
+	KeyFile string `json:"keyFile,omitempty"`
+	// Profile picks memberlist's defaults: "lan" (1 s probes, ~5 s to declare a silent
+	// replica dead) or "local" (one machine or a fast network).
+	Profile string `json:"profile,omitempty"`
+	// ProbeInterval, ProbeTimeout, SuspicionMult, GossipInterval and PushPullInterval
+	// override the profile's failure detection and gossip timing (zero: the profile's).
+	ProbeInterval    Duration `json:"probeInterval,omitempty"`
+	ProbeTimeout     Duration `json:"probeTimeout,omitempty"`
+	SuspicionMult    int      `json:"suspicionMult,omitempty"`
+	GossipInterval   Duration `json:"gossipInterval,omitempty"`
+	PushPullInterval Duration `json:"pushPullInterval,omitempty"`
+	// RejoinInterval between attempts to join the seeds and the replicas that left or
+	// died while they are not members (how a network split heals).
+	RejoinInterval Duration `json:"rejoinInterval,omitempty"`
+}
+
+// UnmarshalJSON reads a replicas section on top of DefaultReplicas.
+func (r *ReplicasConfig) UnmarshalJSON(b []byte) error {
+	type plain ReplicasConfig // without this method
+	p := plain(*DefaultReplicas())
+	if err := ops.DecodeJSONStrict(b, &p); err != nil {
+		return ops.InSection("replicas", err)
 	}
+	*r = ReplicasConfig(p)
+	return nil
+}
+
+func (r *ReplicasConfig) check(c *Config) error {
+	if r.Name == "" || strings.ContainsAny(r.Name, "/:?# ") {
+		return fmt.Errorf("replicas.name: %q is not a valid replica name (it becomes spiffe://<trustDomain>/hub/<name>)", r.Name)
+	}
+	if c.SPIFFETrustDomain() == "" && !c.Insecure {
+		return errors.New("replicas: trustDomain is required: replicas authenticate each other as spiffe://<trustDomain>/hub/<name>")
+	}
+	if r.Gossip == "" {
+		return errors.New("replicas.gossip: required")
+	}
+	addrs := map[string]string{"replicas.gossip": r.Gossip, "replicas.advertise": r.Advertise, "replicas.seedDNS": r.SeedDNS}
+	for i, s := range r.Seeds {
+		addrs[fmt.Sprintf("replicas.seeds[%d]", i)] = s
+	}
+	for field, a := range addrs {
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%s: %v", field, err)
+		}
+	}
+	switch r.Profile {
+	case "lan", "local":
+	default:
+		return fmt.Errorf("replicas.profile: %q: want lan or local", r.Profile)
+	}
+	for field, d := range map[string]*Duration{"replicas.probeInterval": &r.ProbeInterval, "replicas.probeTimeout": &r.ProbeTimeout,
+		"replicas.gossipInterval": &r.GossipInterval, "replicas.pushPullInterval": &r.PushPullInterval, "replicas.rejoinInterval": &r.RejoinInterval} {
+		if err := d.Check(field); err != nil {
+			return err
+		}
+	}
+	if r.RejoinInterval.Duration <= 0 {
+		return errors.New("replicas.rejoinInterval: must be positive")
+	}
+	if r.SuspicionMult < 0 {
+		return fmt.Errorf("replicas.suspicionMult: %d is negative", r.SuspicionMult)
+	}
+	return nil
 }
 
 // LoadConfig reads and validates a configuration file.
 func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseConfig) }
 
-// ParseConfig parses and validates a configuration. Unknown fields are errors.
+// ParseConfig reads a configuration on top of Defaults and validates it. Unknown fields
+// are errors.
 func ParseConfig(data []byte) (*Config, error) {
-	cfg := &Config{}
+	cfg := Defaults()
 	if err := ops.DecodeStrict(data, cfg); err != nil {
 		return nil, err
 	}
@@ -233,30 +357,43 @@ func ParseConfig(data []byte) (*Config, error) {
 	return cfg, nil
 }
 
-// compiled is what Validate builds from a Config.
-type compiled struct {
-	policy   *acl.Policy
-	routes   *routing.Table
-	identity map[string]string // identity -> cluster
-	clusters map[string]bool   // configured cluster names
+// SPIFFETrustDomain is the trust domain identities are checked against: TrustDomain, or,
+// with devCA and none set, the development CA's.
+func (c *Config) SPIFFETrustDomain() string {
+	if c.TrustDomain == "" && c.DevCA {
+		return DevTrustDomain
+	}
+	return c.TrustDomain
 }
 
-// removed reports whether a cluster is no longer configured.
-func (c *compiled) removed(cluster string) bool { return !c.clusters[cluster] }
+// compiled is what a valid Config means: built by compile, never changed after.
+type compiled struct {
+	policy      *acl.Policy
+	routes      *routing.Table
+	identity    map[string]string // identity -> cluster
+	clusters    map[string]ClusterConfig
+	trustDomain string // SPIFFETrustDomain
+	insecure    bool
+}
 
-// Validate checks the configuration, fills defaults and compiles the ACL and the routing
-// table. Errors name the field.
+// configured reports whether a cluster is in the configuration.
+func (c *compiled) configured(cluster string) bool {
+	_, ok := c.clusters[cluster]
+	return ok
+}
+
+// Validate checks the configuration and reports the first problem, naming its field. It
+// changes nothing.
 func (c *Config) Validate() error {
 	_, err := c.compile()
 	return err
 }
 
 func (c *Config) compile() (*compiled, error) {
-	if c.Ingest == "" {
-		c.Ingest = "127.0.0.1:9901"
-	}
-	if c.Serve == "" {
-		c.Serve = "127.0.0.1:9900"
+	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve} {
+		if addr == "" {
+			return nil, fmt.Errorf("%s: required", field)
+		}
 	}
 	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve, "http": c.HTTP} {
 		if addr == "" {
@@ -266,41 +403,38 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s: %v", field, err)
 		}
 	}
-	if c.StateDir == "" {
-		c.StateDir = filepath.Join(".meshfed", "hub")
-	}
-	if c.DevCA && c.TrustDomain == "" {
-		c.TrustDomain = DevTrustDomain
-	}
 	switch {
 	case c.DevCA && (c.TLS != nil || c.Insecure):
 		return nil, errors.New("devCA: cannot be combined with tls or insecure")
+	case c.DevCA && c.StateDir == "":
+		return nil, errors.New("stateDir: required with devCA")
 	case c.TLS == nil && !c.Insecure && !c.DevCA:
 		return nil, errors.New("tls: required unless devCA or insecure is true")
 	case c.TLS != nil && c.Insecure:
 		return nil, errors.New("insecure: cannot be combined with tls")
 	case c.TLS != nil:
-		if err := c.TLS.files().Validate(); err != nil {
+		if err := c.TLS.Files.Validate(); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
 	}
-	if td := c.TrustDomain; td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
+	td := c.SPIFFETrustDomain()
+	if td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
 		return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain (lower case, no scheme or path)", td)
 	}
 	if err := c.WarmUp.Check("warmUp"); err != nil {
 		return nil, err
 	}
-	if c.WarmUp.Duration == 0 {
-		c.WarmUp.Duration = 30 * time.Second
+	if c.MaxMessageSize <= 0 {
+		return nil, fmt.Errorf("maxMessageSize: %d is not positive", c.MaxMessageSize)
 	}
-	if c.MaxMessageSize < 0 {
-		return nil, fmt.Errorf("maxMessageSize: %d is negative", c.MaxMessageSize)
+	if c.Limits.StreamsPerSecond <= 0 || c.Limits.StreamBurst <= 0 {
+		return nil, errors.New("limits: streamsPerSecond and streamBurst must be positive")
 	}
-	if c.Limits.StreamsPerSecond < 0 || c.Limits.StreamBurst < 0 {
-		return nil, errors.New("limits: streamsPerSecond and streamBurst must not be negative")
+	if err := c.Backoff.Check("backoff"); err != nil {
+		return nil, err
 	}
 	if len(c.Collections) == 0 {
-		c.Collections = kinds.Collections()
+		return nil, errors.New("collections: at least one collection is required")
 	}
 	seenColl := map[string]bool{}
 	for i, coll := range c.Collections {
@@ -323,30 +457,28 @@ func (c *Config) compile() (*compiled, error) {
 	if len(c.Clusters) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]bool{}}
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, trustDomain: td, insecure: c.Insecure}
 	owners := make([]acl.Cluster, 0, len(c.Clusters))
-	names := map[string]bool{}
 	for i, cl := range c.Clusters {
 		field := fmt.Sprintf("clusters[%d]", i)
 		if cl.Name == "" {
 			return nil, fmt.Errorf("%s.name: required", field)
 		}
-		if names[cl.Name] {
+		if _, dup := out.clusters[cl.Name]; dup {
 			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
 		}
-		names[cl.Name] = true
-		out.clusters[cl.Name] = true
+		out.clusters[cl.Name] = cl
 		ids := cl.Identities
-		if len(ids) == 0 && c.TrustDomain != "" {
-			ids = []string{ClusterIdentity(c.TrustDomain, cl.Name)}
+		if len(ids) == 0 && td != "" {
+			ids = []string{ClusterIdentity(td, cl.Name)}
 		}
 		if len(ids) == 0 {
 			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
 		}
 		for j, id := range ids {
-			if kind, _, _ := meshtls.ParseID(c.TrustDomain, id); c.TrustDomain != "" && kind != meshtls.KindCluster {
+			if kind, _, _ := meshtls.ParseID(td, id); td != "" && kind != meshtls.KindCluster {
 				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
-					field, cl.Name, j, id, c.TrustDomain, c.TrustDomain)
+					field, cl.Name, j, id, td, td)
 			}
 			if other, dup := out.identity[id]; dup || id == "" {
 				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)
@@ -368,31 +500,32 @@ func (c *Config) compile() (*compiled, error) {
 	}
 	for i, p := range c.Poll {
 		field := fmt.Sprintf("poll[%d]", i)
-		if !names[p.Cluster] {
+		if !out.configured(p.Cluster) {
 			return nil, fmt.Errorf("%s.cluster: %q is not a configured cluster", field, p.Cluster)
 		}
 		if _, _, err := net.SplitHostPort(p.Addr); err != nil {
 			return nil, fmt.Errorf("%s (%q).addr: %v", field, p.Cluster, err)
 		}
 	}
-	for field, d := range map[string]Duration{"backoff.initial": c.Backoff.Initial, "backoff.max": c.Backoff.Max} {
-		if err := d.Check(field); err != nil {
-			return nil, err
-		}
-	}
 	for i, p := range c.Conflicts.Priority {
-		if !names[p] {
+		if !out.configured(p) {
 			return nil, fmt.Errorf("conflicts.priority[%d]: %q is not a configured cluster", i, p)
 		}
 	}
-	if err := c.Replicas.validate(c); err != nil {
-		return nil, err
+	if c.Replicas != nil {
+		if err := c.Replicas.check(c); err != nil {
+			return nil, err
+		}
 	}
 	var err error
 	if out.policy, err = acl.New(owners, acl.Options{DomainSuffix: c.DomainSuffix}); err != nil {
 		return nil, err
 	}
-	if err := checkNamespaceOverlap(c.Clusters, c.SharedNamespaces); err != nil {
+	shared, err := pattern.ParseNamespaces("sharedNamespaces", c.SharedNamespaces)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNamespaceOverlap(c.Clusters, shared); err != nil {
 		return nil, err
 	}
 	if out.routes, err = routing.New(c.Routing); err != nil {
@@ -401,15 +534,20 @@ func (c *Config) compile() (*compiled, error) {
 	return out, nil
 }
 
-// checkNamespaceOverlap refuses two clusters owning a common namespace outside
-// SharedNamespaces: two clusters publishing the same name there would be a conflict.
-func checkNamespaceOverlap(clusters []ClusterConfig, shared []string) error {
+// checkNamespaceOverlap refuses two clusters owning a common namespace outside the shared
+// namespaces: two clusters publishing the same name there would be a conflict. The
+// clusters' patterns are valid (acl.New has checked them).
+func checkNamespaceOverlap(clusters []ClusterConfig, shared []pattern.Namespace) error {
+	owned := make([][]pattern.Namespace, len(clusters))
+	for i, c := range clusters {
+		owned[i], _ = pattern.ParseNamespaces("", c.Namespaces)
+	}
 	for i := range clusters {
 		for j := i + 1; j < len(clusters); j++ {
-			for _, a := range clusters[i].Namespaces {
-				for _, b := range clusters[j].Namespaces {
-					ov, ok := nsOverlap(a, b)
-					if !ok || nsCovered(shared, ov) {
+			for _, a := range owned[i] {
+				for _, b := range owned[j] {
+					ov, ok := a.Overlap(b)
+					if !ok || coveredBy(shared, ov) {
 						continue
 					}
 					return fmt.Errorf("clusters %q and %q both own namespaces %q (%q, %q): list it under sharedNamespaces if that is intended",
@@ -421,39 +559,10 @@ func checkNamespaceOverlap(clusters []ClusterConfig, shared []string) error {
 	return nil
 }
 
-// nsOverlap returns the namespaces two patterns ("ns", "prefix*", "*") have in common, as a
-// pattern, and whether they have any.
-func nsOverlap(a, b string) (string, bool) {
-	ap, bp := strings.HasSuffix(a, "*"), strings.HasSuffix(b, "*")
-	at, bt := strings.TrimSuffix(a, "*"), strings.TrimSuffix(b, "*")
-	switch {
-	case !ap && !bp:
-		return a, a == b
-	case ap && bp:
-		if strings.HasPrefix(at, bt) {
-			return a, true
-		}
-		if strings.HasPrefix(bt, at) {
-			return b, true
-		}
-		return "", false
-	case ap:
-		return b, strings.HasPrefix(b, at)
-	default:
-		return a, strings.HasPrefix(a, bt)
-	}
-}
-
-// nsCovered reports whether every namespace of pattern p is matched by some shared pattern.
-func nsCovered(shared []string, p string) bool {
-	pt := strings.TrimSuffix(p, "*")
+// coveredBy reports whether one shared pattern matches every namespace of p.
+func coveredBy(shared []pattern.Namespace, p pattern.Namespace) bool {
 	for _, s := range shared {
-		st := strings.TrimSuffix(s, "*")
-		if strings.HasSuffix(s, "*") {
-			if strings.HasPrefix(pt, st) {
-				return true
-			}
-		} else if !strings.HasSuffix(p, "*") && s == p {
+		if s.Covers(p) {
 			return true
 		}
 	}

@@ -83,24 +83,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 }
 
-func TestNamespaceOverlap(t *testing.T) {
-	for _, tc := range []struct {
-		a, b, ov string
-		ok       bool
-	}{
-		{"x", "x", "x", true}, {"x", "y", "", false}, {"team-*", "team-a", "team-a", true}, {"team-a", "team-*", "team-a", true},
-		{"team-*", "team-pay-*", "team-pay-*", true}, {"team-*", "ops-*", "", false}, {"*", "x", "x", true},
-	} {
-		ov, ok := nsOverlap(tc.a, tc.b)
-		if ok != tc.ok || (ok && ov != tc.ov) {
-			t.Errorf("nsOverlap(%q, %q) = %q, %v", tc.a, tc.b, ov, ok)
-		}
-	}
-	if !nsCovered([]string{"team-*"}, "team-pay-*") || nsCovered([]string{"team-pay"}, "team-*") || !nsCovered([]string{"*"}, "x") {
-		t.Error("nsCovered")
-	}
-}
-
 // FuzzParseConfig: any input is a configuration or an error, never a panic.
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("insecure: true\nclusters: [{name: a, identities: [a], namespaces: ['team-*'], hosts: ['*.a.com']}]\n"))

@@ -106,7 +106,7 @@ func runGolden(t *testing.T, path string) {
 		check(t, path, f, b.String())
 		return
 	}
-	h, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	h, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,10 +130,6 @@ func runGolden(t *testing.T, path string) {
 	}
 
 	for i, p := range pushes {
-		cs := h.cluster(p.Cluster)
-		if cs == nil {
-			t.Fatalf("push %d: unknown cluster %q", i, p.Cluster)
-		}
 		c := &mcp.Change{Collection: p.Collection, Incremental: !p.Full, Removed: p.Removed}
 		for _, r := range p.Resources {
 			md := &mcpapi.Metadata{Name: r.Name, Version: r.Version, Labels: r.Labels}
@@ -155,7 +151,7 @@ func runGolden(t *testing.T, path string) {
 			c.Entries = append(c.Entries, e)
 			c.Resources = append(c.Resources, res)
 		}
-		err := h.applyCluster(cs, nil, c)
+		err := h.Apply(p.Cluster, c)
 		fmt.Fprintf(&b, "push %d %s %s: ", i, p.Cluster, short(p.Collection))
 		if err == nil {
 			b.WriteString("ACK\n")

@@ -3,7 +3,6 @@ package hub
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/meshfed/meshfed/hub/replicas"
 	"io"
 	"net/http"
 	"sort"
@@ -12,71 +11,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
-	"github.com/meshfed/meshfed/routing"
 )
 
-// DryRun is what a sink with a given identity and SinkNode would receive — under the
-// running configuration, or under a candidate one, with the difference from what such a
-// sink receives now.
-type DryRun struct {
-	Identity    string            `json:"identity"`
-	NodeID      string            `json:"nodeId"`
-	Annotations map[string]string `json:"annotations,omitempty"`
-	// Rules that select it (under the candidate configuration, if one was given).
-	Rules []string `json:"rules"`
-	// Resources it would receive: collection -> name -> served version.
-	Resources map[string]map[string]string `json:"resources"`
-	// Candidate is true when a candidate configuration was evaluated; then Added, Removed
-	// and Changed compare with what the running configuration gives it now.
-	Candidate bool                `json:"candidate"`
-	Added     map[string][]string `json:"added,omitempty"`
-	Removed   map[string][]string `json:"removed,omitempty"`
-	Changed   map[string][]string `json:"changed,omitempty"`
-}
-
-// Owners answers "who owns host X" and "what does namespace N belong to".
-type Owners struct {
-	Host      string   `json:"host,omitempty"`
-	Namespace string   `json:"namespace,omitempty"`
-	Clusters  []string `json:"clusters"`
-}
-
-// Why explains one resource: who publishes it, which one is served and why, who was
-// refused and why, and which connected sinks receive it.
-type Why struct {
-	Collection string      `json:"collection"`
-	Name       string      `json:"name"`
-	Served     *Candidate  `json:"served"`
-	Candidates []Candidate `json:"candidates"`
-	Conflict   string      `json:"conflict,omitempty"` // why the served one wins, when several publish it
-	Rejected   []Refused   `json:"rejected"`
-	Sinks      []WhySink   `json:"sinks"`
-}
-
-// Refused is one cluster's refused version of a resource.
-type Refused struct {
-	Cluster string `json:"cluster"`
-	Reason  string `json:"reason"`
-}
-
-// WhySink is a connected sink whose rules give it the resource.
-type WhySink struct {
-	Stream   uint64   `json:"stream"`
-	Identity string   `json:"identity"`
-	NodeID   string   `json:"nodeId"`
-	Rules    []string `json:"rules"`
-	// UpToDate: the sink has ACKed the latest push of the collection (so it holds the
-	// served version).
-	UpToDate bool `json:"upToDate"`
-}
+// The admin API: what the hub holds, serves and refused, and to whom, as package hub/api
+// defines it.
 
 // Why explains collection/name.
-func (h *Hub) Why(collection, name string) Why {
+func (h *Hub) Why(collection, name string) api.Why {
 	cands, why := h.store.candidates(collection, name)
-	w := Why{Collection: collection, Name: name, Candidates: cands, Conflict: why, Rejected: []Refused{}, Sinks: []WhySink{}}
+	w := api.Why{Collection: collection, Name: name, Candidates: cands, Conflict: why, Rejected: []api.Refused{}, Sinks: []api.WhySink{}}
 	if w.Candidates == nil {
-		w.Candidates = []Candidate{}
+		w.Candidates = []api.Candidate{}
 	}
 	if len(w.Candidates) > 0 {
 		w.Served = &w.Candidates[0]
@@ -84,27 +31,30 @@ func (h *Hub) Why(collection, name string) Why {
 	for _, cs := range h.clusterList() {
 		cs.mu.Lock()
 		if reason, ok := cs.rejections[collection][name]; ok {
-			w.Rejected = append(w.Rejected, Refused{Cluster: cs.name, Reason: reason})
+			w.Rejected = append(w.Rejected, api.Refused{Cluster: cs.name, Reason: reason})
 		}
 		cs.mu.Unlock()
 	}
 	if r, ok := h.store.winner(collection, name); ok {
-		routes := h.current().comp.routes
-		for _, s := range h.Sinks() {
-			sub := routes.Select(routing.Sink{Identity: s.Identity, NodeID: s.NodeID, Annotations: s.Annotations})
-			if !sub.Includes(collection, r.cluster, r.namespace, r.labels) {
+		for _, s := range h.sinks.list(h.current().comp) {
+			if !s.subset.Includes(collection, r.cluster, r.namespace, r.labels) {
 				continue
 			}
-			c := s.Collections[collection]
-			w.Sinks = append(w.Sinks, WhySink{Stream: s.Stream, Identity: s.Identity, NodeID: s.NodeID, Rules: sub.Rules(),
-				UpToDate: c != nil && !c.Pending && c.AckedVersion == c.PushedVersion && c.AckedVersion > 0})
+			ws := api.WhySink{Stream: s.Stream, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
+			if c := s.Collections[collection]; c != nil && !c.Pending {
+				ws.UpToDate = c.AckedVersion == c.PushedVersion && c.AckedVersion > 0
+				if c.LastNACK != "" && c.NACKedVersion == c.PushedVersion {
+					ws.NACK = c.LastNACK
+				}
+			}
+			w.Sinks = append(w.Sinks, ws)
 		}
 	}
 	return w
 }
 
 // Clusters returns every configured cluster's state.
-func (h *Hub) Clusters() []ClusterStatus {
+func (h *Hub) Clusters() []api.ClusterStatus {
 	lost := map[string]map[string]map[string]string{} // cluster -> collection -> name -> winner
 	for _, c := range h.store.conflicts() {
 		for _, l := range c.Losers {
@@ -117,40 +67,39 @@ func (h *Hub) Clusters() []ClusterStatus {
 			lost[l][c.Collection][c.Name] = c.Winner
 		}
 	}
-	var auth map[string]replicas.Authority
-	if h.mem() != nil {
-		auth = h.mem().Authorities()
-	}
 	cl := h.clusterList()
-	out := make([]ClusterStatus, 0, len(cl))
+	out := make([]api.ClusterStatus, 0, len(cl))
 	for _, cs := range cl {
-		st := cs.status(h.store.counts(cs.name))
+		st := cs.status()
+		st.Resources = h.store.counts(cs.name)
 		st.Conflicts = lost[cs.name]
-		if a, ok := auth[cs.name]; ok {
-			st.HeldBy = &a
-		}
+		h.layer.DescribeCluster(&st)
 		out = append(out, st)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-// Sinks returns the connected MCP sinks (dialed in or dialed out) with their subset and
+// Sinks returns the connected MCP sinks (dialed in or dialed out) with their rules and
 // per-collection push and ACK state.
-func (h *Hub) Sinks() []SinkStatus { return h.sinks.list() }
+func (h *Hub) Sinks() []api.SinkStatus {
+	listed := h.sinks.list(h.current().comp)
+	out := make([]api.SinkStatus, len(listed))
+	for i, s := range listed {
+		out[i] = s.SinkStatus
+	}
+	return out
+}
 
 // Conflicts returns every collection/name several clusters publish, with the winner.
-func (h *Hub) Conflicts() []Conflict { return h.store.conflicts() }
+func (h *Hub) Conflicts() []api.Conflict { return h.store.conflicts() }
 
 // DryRun returns what a sink with this identity and SinkNode receives now, or, given a
 // candidate configuration, what it would receive under it (its routing and ownership; the
 // stored resources and the running conflict order) and how that differs from now. A
 // candidate that does not validate is an error naming the field.
-func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, candidate *Config) (DryRun, error) {
-	sink := routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations}
-	cur := h.current()
-	now := cur.comp.routes.Select(sink)
-	d := DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Rules: now.Rules(), Resources: h.store.served(now)}
+func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, candidate *Config) (api.DryRun, error) {
+	now := h.current().comp.subset(identity, nodeID, annotations)
+	d := api.DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Rules: now.Rules(), Resources: h.store.served(now)}
 	if candidate == nil {
 		return d, nil
 	}
@@ -158,9 +107,9 @@ func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, can
 	if err != nil {
 		return d, err
 	}
-	sub := comp.routes.Select(sink)
+	sub := comp.subset(identity, nodeID, annotations)
 	would := h.store.servedWith(sub, func(r *resource) bool {
-		return !comp.removed(r.cluster) && comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
+		return comp.configured(r.cluster) && comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
 	})
 	d.Candidate, d.Rules = true, sub.Rules()
 	d.Added, d.Removed, d.Changed = map[string][]string{}, map[string][]string{}, map[string][]string{}
@@ -188,7 +137,8 @@ func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, can
 	return d, nil
 }
 
-func (h *Hub) httpHandler() http.Handler {
+// httpHandler is the admin API, /metrics, the probes and pprof; a layer may add routes.
+func (h *Hub) httpHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -199,32 +149,25 @@ func (h *Hub) httpHandler() http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Clusters()) })
-	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Sinks()) })
-	mux.HandleFunc("/api/replicas", func(w http.ResponseWriter, _ *http.Request) {
-		st := h.Replicas()
-		if st == nil {
-			http.Error(w, "this hub is not configured with replicas", http.StatusNotFound)
-			return
-		}
-		writeJSON(w, st)
-	})
+	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Clusters()) })
+	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Sinks()) })
 	mux.HandleFunc("/api/why", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		if q.Get("collection") == "" || q.Get("name") == "" {
 			http.Error(w, "give ?collection=COLLECTION&name=NAMESPACE/NAME", http.StatusBadRequest)
 			return
 		}
-		writeJSON(w, h.Why(q.Get("collection"), q.Get("name")))
+		WriteJSON(w, h.Why(q.Get("collection"), q.Get("name")))
 	})
-	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, h.Conflicts()) })
+	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Conflicts()) })
 	mux.HandleFunc("/api/owners", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
+		policy := h.current().comp.policy
 		switch {
 		case q.Get("host") != "":
-			writeJSON(w, Owners{Host: q.Get("host"), Clusters: orEmpty(h.current().comp.policy.OwnersOfHost(q.Get("host")))})
+			WriteJSON(w, api.Owners{Host: q.Get("host"), Clusters: orEmpty(policy.OwnersOfHost(q.Get("host")))})
 		case q.Get("namespace") != "":
-			writeJSON(w, Owners{Namespace: q.Get("namespace"), Clusters: orEmpty(h.current().comp.policy.OwnersOfNamespace(q.Get("namespace")))})
+			WriteJSON(w, api.Owners{Namespace: q.Get("namespace"), Clusters: orEmpty(policy.OwnersOfNamespace(q.Get("namespace")))})
 		default:
 			http.Error(w, "give ?host=NAME or ?namespace=NAME", http.StatusBadRequest)
 		}
@@ -257,7 +200,7 @@ func (h *Hub) httpHandler() http.Handler {
 			http.Error(w, "candidate configuration: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		writeJSON(w, d)
+		WriteJSON(w, d)
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}))
 	ops.AddPprof(mux)
@@ -271,7 +214,8 @@ func orEmpty(s []string) []string {
 	return s
 }
 
-func writeJSON(w http.ResponseWriter, v any) {
+// WriteJSON writes v as the admin API's indented JSON.
+func WriteJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

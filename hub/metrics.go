@@ -12,10 +12,6 @@ type Metrics struct {
 	reloads        *prometheus.CounterVec
 	conflictsGauge prometheus.Gauge
 	tlsRejections  *prometheus.CounterVec
-	replicas       prometheus.Gauge
-	held           *prometheus.GaugeVec
-	followed       *prometheus.GaugeVec
-	follows        prometheus.Counter
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -39,16 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Collection/names published by more than one cluster (one served, the others held)."})
 	m.tlsRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_rejections_total",
 		Help: "TLS handshakes refused, by reason (no_certificate, unknown_authority, expired, not_yet_valid, invalid)."}, []string{"reason"})
-	m.replicas = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "replicas",
-		Help: "Live replicas this replica sees, itself included (0 for a single hub)."})
-	m.held = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_held",
-		Help: "1 while this replica holds the cluster's newest minion session (its peers follow it from here)."}, []string{"cluster"})
-	m.followed = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_followed",
-		Help: "1 while this replica follows the cluster from the replica holding it."}, []string{"cluster"})
-	m.follows = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "follows_started_total",
-		Help: "Streams started to follow a cluster from the replica holding it (a rise outside restarts means handovers)."})
-	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections,
-		m.replicas, m.held, m.followed, m.follows)
+	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
 	return m
 }
 
@@ -105,28 +92,12 @@ func (m *Metrics) tlsRejected(reason string) {
 	m.tlsRejections.WithLabelValues(reason).Inc()
 }
 
-// replicaView records the replica view after a reconciliation: live replicas, and per
-// cluster whether this replica holds it or follows it.
-func (m *Metrics) replicaView(live int, held, followed map[string]bool, clusters []string) {
+// forgetCluster drops a removed cluster's series.
+func (m *Metrics) forgetCluster(cluster string) {
 	if m == nil {
 		return
 	}
-	m.replicas.Set(float64(live))
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
-	}
-	for _, c := range clusters {
-		m.held.WithLabelValues(c).Set(b(held[c]))
-		m.followed.WithLabelValues(c).Set(b(followed[c]))
-	}
-}
-
-func (m *Metrics) followStarted() {
-	if m == nil {
-		return
-	}
-	m.follows.Inc()
+	m.clusterUp.DeleteLabelValues(cluster)
+	m.resourcesGauge.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
+	m.rejections.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
 }

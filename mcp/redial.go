@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -23,17 +24,15 @@ type Backoff struct {
 // Redial keeps one client stream up until ctx ends: it dials addrs in turn (a new gRPC
 // connection each attempt, with creds) and runs stream on the connection, waiting between
 // attempts with exponential backoff and full jitter, reset after a stream that lasted
-// HealthyStream. onEnd, if not nil, is told how each attempt ended.
+// HealthyStream. onEnd, if not nil, is told how each attempt ended. b must have a positive
+// Initial and a Max no smaller (the configurations that give it check both).
 func Redial(ctx context.Context, addrs []string, creds credentials.TransportCredentials, b Backoff, log *slog.Logger,
 	onEnd func(addr string, err error), stream func(ctx context.Context, conn *grpc.ClientConn) error) {
 	if len(addrs) == 0 {
 		return
 	}
-	if b.Initial <= 0 {
-		b.Initial = 100 * time.Millisecond
-	}
-	if b.Max < b.Initial {
-		b.Max = max(b.Initial, 30*time.Second)
+	if b.Initial <= 0 || b.Max < b.Initial {
+		panic(fmt.Sprintf("mcp.Redial: backoff %+v: want 0 < Initial <= Max", b)) // a caller's bug: it would redial in a tight loop
 	}
 	delay := b.Initial
 	for i := 0; ctx.Err() == nil; i++ {

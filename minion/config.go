@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/mcp"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
@@ -31,15 +32,15 @@ type Config struct {
 	// address is required.
 	Destinations DestinationsConfig `json:"destinations"`
 	// HTTP is the address of /healthz, /readyz, /metrics, /status and /debug/pprof.
-	// Empty disables it. Default 127.0.0.1:9902.
+	// Empty disables it.
 	HTTP string `json:"http,omitempty"`
-	// MaxMessageSize is the largest push sent, in bytes. Default 4 MiB − 1 KiB.
+	// MaxMessageSize is the largest push sent, in bytes.
 	MaxMessageSize int `json:"maxMessageSize,omitempty"`
 	// TLS, when set, makes every connection mutual TLS: push destinations and mcp:// sources
 	// are dialed with this identity and must present a certificate that chains to caFile;
 	// the listener requires such a client certificate. The files are re-read when they
 	// change (rotation without restart). Unset: plaintext, logged as development mode.
-	TLS *TLSConfig `json:"tls,omitempty"`
+	TLS *meshtls.Config `json:"tls,omitempty"`
 	// Insecure allows running without tls: plaintext connections, and a hub that takes the
 	// cluster's word for who it is. For a laptop only; logged at start and on every
 	// connection. Without tls and without insecure the configuration is refused.
@@ -48,20 +49,6 @@ type Config struct {
 	// that hub's state directory: the minion issues itself a certificate for
 	// spiffe://meshfed.local/cluster/<cluster> from the CA there. Never for production.
 	DevCA string `json:"devCA,omitempty"`
-}
-
-// TLSConfig names the minion's certificate, key and trust bundle (PEM files).
-type TLSConfig struct {
-	CertFile string `json:"certFile"`
-	KeyFile  string `json:"keyFile"`
-	CAFile   string `json:"caFile"`
-	// ServerName, if set, is the name the hub's certificate must carry, instead of the host
-	// of the address dialed.
-	ServerName string `json:"serverName,omitempty"`
-}
-
-func (t *TLSConfig) files() meshtls.Files {
-	return meshtls.Files{Cert: t.CertFile, Key: t.KeyFile, CA: t.CAFile}
 }
 
 // SourceConfig is one source of configuration objects.
@@ -76,7 +63,8 @@ type SourceConfig struct {
 	Namespaces []string `json:"namespaces,omitempty"`
 	// LabelSelector limits a k8s:// source to matching objects, e.g. "mesh=shared".
 	LabelSelector string `json:"labelSelector,omitempty"`
-	// Resync is a k8s:// source's informer resync period. Default 10m; 0s disables it.
+	// Resync is a k8s:// source's informer resync period; 0s disables it. Unset:
+	// DefaultResync.
 	Resync *Duration `json:"resync,omitempty"`
 }
 
@@ -87,37 +75,53 @@ type DestinationsConfig struct {
 	Push []string `json:"push,omitempty"`
 	// Listen, if set, serves ResourceSource on this address for a hub that polls.
 	Listen string `json:"listen,omitempty"`
-	// Backoff bounds the reconnect delay: it starts at Initial, doubles to Max, with jitter.
-	Backoff BackoffConfig `json:"backoff,omitempty"`
-}
-
-// BackoffConfig is an exponential backoff with jitter.
-type BackoffConfig struct {
-	Initial Duration `json:"initial,omitempty"`
-	Max     Duration `json:"max,omitempty"`
+	// Backoff bounds the reconnect delay (and an mcp:// source's): it starts at Initial,
+	// doubles to Max, with full jitter.
+	Backoff ops.Backoff `json:"backoff,omitempty"`
 }
 
 // Duration is a time.Duration written as "10s", "5m"; a value that does not parse is
 // reported by Validate with the field's name.
 type Duration = ops.Duration
 
-// DefaultConfig runs on one machine: the example files, a hub on localhost.
-func DefaultConfig() *Config {
+// Defaults returns every default of the minion's configuration, in one literal.
+// ParseConfig reads a file on top of it (a field the file leaves out keeps its value here);
+// a program building a configuration starts from it too. Per source, an unset resync is
+// DefaultResync; unset collections are every built-in kind and those under kinds.
+func Defaults() *Config {
 	return &Config{
-		Cluster:      "dev",
-		Sources:      []SourceConfig{{URL: "fs://examples/clusters/east"}},
-		Destinations: DestinationsConfig{Push: []string{"push://127.0.0.1:9901"}},
-		HTTP:         "127.0.0.1:9902",
-		DevCA:        filepath.Join(".meshfed", "hub"),
+		// Loopback: the operational endpoints are not reachable from elsewhere unless asked.
+		HTTP: "127.0.0.1:9902",
+		// Istio Pilot's gRPC receive limit is 4 MiB; the rest is headroom for the envelope.
+		MaxMessageSize: mcp.DefaultMaxMessageSize,
+		Destinations: DestinationsConfig{
+			// Fast enough to notice a hub's return at once, slow enough at the top not to
+			// hammer a hub that is down.
+			Backoff: ops.Backoff{Initial: ops.D(100 * time.Millisecond), Max: ops.D(30 * time.Second)},
+		},
 	}
+}
+
+// DefaultResync is a k8s:// source's informer resync period when its resync is unset.
+const DefaultResync = 10 * time.Minute
+
+// DefaultConfig is what runs with no file: the example files published as cluster "dev"
+// to a hub on this machine, with a certificate from that hub's development CA.
+func DefaultConfig() *Config {
+	c := Defaults()
+	c.Cluster = "dev"
+	c.Sources = []SourceConfig{{URL: "fs://examples/clusters/east"}}
+	c.Destinations.Push = []string{"push://127.0.0.1:9901"}
+	c.DevCA = filepath.Join(".meshfed", "hub")
+	return c
 }
 
 // LoadConfig reads and validates a configuration file. Unknown fields are errors.
 func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseConfig) }
 
-// ParseConfig parses and validates a configuration.
+// ParseConfig reads a configuration on top of Defaults and validates it.
 func ParseConfig(data []byte) (*Config, error) {
-	cfg := &Config{HTTP: "127.0.0.1:9902"}
+	cfg := Defaults()
 	if err := ops.DecodeStrict(data, cfg); err != nil {
 		return nil, err
 	}
@@ -127,7 +131,8 @@ func ParseConfig(data []byte) (*Config, error) {
 	return cfg, nil
 }
 
-// Validate checks the configuration and fills defaults. Errors name the field.
+// Validate checks the configuration and reports the first problem, naming its field. It
+// changes nothing.
 func (c *Config) Validate() error {
 	if len(c.Sources) == 0 {
 		return errors.New("sources: at least one source is required")
@@ -186,30 +191,14 @@ func (c *Config) Validate() error {
 	case modes == 0:
 		return errors.New("tls: required unless insecure is true (or devCA names a development hub's state directory)")
 	case c.TLS != nil:
-		if err := c.TLS.files().Validate(); err != nil {
+		if err := c.TLS.Files.Validate(); err != nil {
 			return fmt.Errorf("tls: %w", err)
 		}
 	}
-	if c.MaxMessageSize < 0 {
-		return fmt.Errorf("maxMessageSize: %d is negative", c.MaxMessageSize)
+	if c.MaxMessageSize <= 0 {
+		return fmt.Errorf("maxMessageSize: %d is not positive", c.MaxMessageSize)
 	}
-	b := &c.Destinations.Backoff
-	if err := b.Initial.Check("destinations.backoff.initial"); err != nil {
-		return err
-	}
-	if err := b.Max.Check("destinations.backoff.max"); err != nil {
-		return err
-	}
-	if b.Initial.Duration == 0 {
-		b.Initial.Duration = 100 * time.Millisecond
-	}
-	if b.Max.Duration == 0 {
-		b.Max.Duration = 30 * time.Second
-	}
-	if b.Max.Duration < b.Initial.Duration {
-		return fmt.Errorf("destinations.backoff: max %v is below initial %v", b.Max, b.Initial)
-	}
-	return nil
+	return c.Destinations.Backoff.Check("destinations.backoff")
 }
 
 // ResolveKinds returns the kinds of the configured collections.

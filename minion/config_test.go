@@ -28,7 +28,7 @@ tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key, caFile: /tls/ca.crt, server
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.TLS == nil || cfg.TLS.ServerName != "hub.example.com" || cfg.TLS.files().CA != "/tls/ca.crt" {
+	if cfg.TLS == nil || cfg.TLS.ServerName != "hub.example.com" || cfg.TLS.Files.CA != "/tls/ca.crt" {
 		t.Errorf("tls = %+v", cfg.TLS)
 	}
 	if cfg.Sources[0].Resync.Duration != 30*time.Second || cfg.Destinations.Backoff.Max.Duration != 5*time.Second || cfg.HTTP != "127.0.0.1:9902" {

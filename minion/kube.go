@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,9 +23,6 @@ import (
 
 	"github.com/meshfed/meshfed/mcp"
 )
-
-// DefaultResync is the informers' default resync period.
-const DefaultResync = 10 * time.Minute
 
 // Event reasons the minion records on objects.
 const (

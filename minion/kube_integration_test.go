@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
 )
 
@@ -91,13 +92,9 @@ func runMinion(t *testing.T, cfg *Config) *Minion {
 
 func (f *kubeFixture) minionConfig(hub *hubSim, src SourceConfig) *Config {
 	src.URL = "k8s://" + f.kcfg
-	return &Config{
-		Cluster:      "east",
-		Sources:      []SourceConfig{src},
-		Collections:  []string{vsColl, drColl},
-		Destinations: DestinationsConfig{Push: []string{"push://" + hub.Addr}, Backoff: BackoffConfig{Initial: Duration{Duration: 20 * time.Millisecond}, Max: Duration{Duration: 500 * time.Millisecond}}},
-		Insecure:     true,
-	}
+	c := testConfig("east", []SourceConfig{src}, "push://"+hub.Addr)
+	c.Destinations.Backoff = ops.Backoff{Initial: ops.D(20 * time.Millisecond), Max: ops.D(500 * time.Millisecond)}
+	return c
 }
 
 func vsObject(ns, name string, hosts []string, labels map[string]string, extraSpec map[string]any) *unstructured.Unstructured {

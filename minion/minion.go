@@ -93,7 +93,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 	m.clientCreds, m.serverCreds = insecure.NewCredentials(), insecure.NewCredentials()
 	tlsFiles := meshtls.Files{}
 	if cfg.TLS != nil {
-		tlsFiles = cfg.TLS.files()
+		tlsFiles = cfg.TLS.Files
 	}
 	if cfg.DevCA != "" {
 		ca, err := meshtls.LoadDevCA(filepath.Join(cfg.DevCA, "ca"))
@@ -334,7 +334,7 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 			m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
 		}
 		g.Go(func() error {
-			mcp.Redial(ctx, addrs, m.clientCreds, m.cfg.Destinations.Backoff.backoff(), m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			mcp.Redial(ctx, addrs, m.clientCreds, backoff(m.cfg.Destinations.Backoff), m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				if !m.tlsOn {
 					m.log.Warn("insecure: connecting to the hub without TLS", "addr", conn.Target())
 					// Tell a hub in insecure mode who we claim to be.

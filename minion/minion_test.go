@@ -20,22 +20,26 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	meshtls "github.com/meshfed/meshfed/tls"
 	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
-var fastBackoff = BackoffConfig{Initial: Duration{Duration: 10 * time.Millisecond}, Max: Duration{Duration: 200 * time.Millisecond}}
+var fastBackoff = ops.Backoff{Initial: ops.D(10 * time.Millisecond), Max: ops.D(200 * time.Millisecond)}
+
+// testConfig is a plaintext configuration of cluster with sources, publishing to the
+// given push addresses with fast redials.
+func testConfig(cluster string, sources []SourceConfig, push ...string) *Config {
+	c := Defaults()
+	c.Cluster, c.Sources, c.Collections, c.Insecure, c.HTTP = cluster, sources, []string{vsColl, drColl}, true, ""
+	c.Destinations = DestinationsConfig{Push: push, Backoff: fastBackoff}
+	return c
+}
 
 // fsConfig publishes root's files to the given push addresses.
 func fsConfig(root string, push ...string) *Config {
-	return &Config{
-		Cluster:      "east",
-		Sources:      []SourceConfig{{URL: "fs://" + root}},
-		Collections:  []string{vsColl, drColl},
-		Destinations: DestinationsConfig{Push: push, Backoff: fastBackoff},
-		Insecure:     true,
-	}
+	return testConfig("east", []SourceConfig{{URL: "fs://" + root}}, push...)
 }
 
 // deadAddr returns a loopback address nothing listens on.
@@ -138,8 +142,7 @@ func TestMinionForwardsAnUpstreamMCPSource(t *testing.T) {
 	up.Put(vsColl, vsEntry(t, "ns/one", "1", "one"), vsEntry(t, "ns/two", "1", "two"))
 	addr := upstreamSource(t, up)
 	hub := startHubSim(t, vsColl, drColl)
-	m := runMinion(t, &Config{Cluster: "edge", Sources: []SourceConfig{{URL: "mcp://" + addr}}, Collections: []string{vsColl, drColl}, Insecure: true,
-		Destinations: DestinationsConfig{Push: []string{"push://" + hub.Addr}, Backoff: fastBackoff}})
+	m := runMinion(t, testConfig("edge", []SourceConfig{{URL: "mcp://" + addr}}, "push://"+hub.Addr))
 	waitFor(t, 10*time.Second, "forwarded", func() bool { return hub.names(vsColl) == "ns/one,ns/two" })
 	if !m.Ready() {
 		t.Error("not ready after the upstream synced")
@@ -157,8 +160,9 @@ func TestMinionForwardsAnUpstreamMCPSource(t *testing.T) {
 func TestMinionServesAPollingHub(t *testing.T) {
 	root := t.TempDir()
 	write(t, root, "ns/a.yaml", vsDoc("a", "", "a"))
-	m := runMinion(t, &Config{Cluster: "east", Sources: []SourceConfig{{URL: "fs://" + root}}, Collections: []string{vsColl, drColl},
-		Destinations: DestinationsConfig{Listen: "127.0.0.1:0"}, Insecure: true})
+	cfg := fsConfig(root)
+	cfg.Destinations.Listen = "127.0.0.1:0"
+	m := runMinion(t, cfg)
 	waitFor(t, 10*time.Second, "listener", func() bool { return m.ListenAddr() != "" })
 
 	var mu sync.Mutex
@@ -331,7 +335,7 @@ func TestMinionMutualTLS(t *testing.T) {
 	write(t, root, "ns/a.yaml", vsDoc("a", "", "a"))
 	mc, mk, _ := ca.Issue(t, dir, "minion-east", "minion.east")
 	cfg := fsConfig(root, "push://"+hub.Addr)
-	cfg.TLS, cfg.Insecure = &TLSConfig{CertFile: mc, KeyFile: mk, CAFile: bundle}, false
+	cfg.TLS, cfg.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: mc, Key: mk, CA: bundle}}, false
 	runMinion(t, cfg)
 	waitFor(t, 10*time.Second, "push over mutual TLS", func() bool { return hub.names(vsColl) == "ns/a" })
 	if p := hub.peerNames(); len(p) == 0 || p[0] != "minion-east" {
@@ -342,7 +346,7 @@ func TestMinionMutualTLS(t *testing.T) {
 	other := tlstest.NewCA(t, "other-ca")
 	oc, ok, _ := other.Issue(t, dir, "intruder", "intruder")
 	bad := fsConfig(root, "push://"+hub.Addr)
-	bad.TLS, bad.Insecure = &TLSConfig{CertFile: oc, KeyFile: ok, CAFile: bundle}, false
+	bad.TLS, bad.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: oc, Key: ok, CA: bundle}}, false
 	m := runMinion(t, bad)
 	waitFor(t, 10*time.Second, "failed attempts", func() bool {
 		return metricValue(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": hub.Addr, "result": "failed"}) >= 2
@@ -353,7 +357,7 @@ func TestMinionMutualTLS(t *testing.T) {
 
 	// Bad TLS files are a configuration error naming the file.
 	broken := fsConfig(root, "push://"+hub.Addr)
-	broken.TLS, broken.Insecure = &TLSConfig{CertFile: mc, KeyFile: filepath.Join(dir, "missing.key"), CAFile: bundle}, false
+	broken.TLS, broken.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: mc, Key: filepath.Join(dir, "missing.key"), CA: bundle}}, false
 	if _, err := New(broken, testLog(t), NewTelemetry()); err == nil || !strings.Contains(err.Error(), "missing.key") {
 		t.Fatalf("New with a missing key: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -17,13 +18,13 @@ type UpstreamSource struct {
 	name    string
 	addr    string
 	sink    *mcp.Sink
-	backoff BackoffConfig
+	backoff ops.Backoff
 	creds   credentials.TransportCredentials
 	log     *slog.Logger
 }
 
 // NewUpstreamSource returns a source for the mcp://host:port URL in cfg.
-func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *Store, creds credentials.TransportCredentials, backoff BackoffConfig, log *slog.Logger, mm *mcp.Metrics) (*UpstreamSource, error) {
+func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *Store, creds credentials.TransportCredentials, backoff ops.Backoff, log *slog.Logger, mm *mcp.Metrics) (*UpstreamSource, error) {
 	u, err := parseSourceURL(cfg.URL)
 	if err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func (s *UpstreamSource) Synced() bool { return s.sink.Synced() }
 // Run follows the upstream until ctx ends, reconnecting with backoff and resuming by
 // versions. What was received stays published while disconnected.
 func (s *UpstreamSource) Run(ctx context.Context) error {
-	mcp.Redial(ctx, []string{s.addr}, s.creds, s.backoff.backoff(), s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+	mcp.Redial(ctx, []string{s.addr}, s.creds, backoff(s.backoff), s.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
 		return s.sink.PullFrom(ctx, conn)
 	})
 	return nil

@@ -18,6 +18,8 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/meshfed/meshfed/hub/pattern"
 )
 
 // Rule gives the sinks it selects a part of the configuration. Within a rule, every non-empty
@@ -39,7 +41,8 @@ type Rule struct {
 	Collections []string `json:"collections,omitempty"`
 	// Clusters are patterns on the origin cluster's name.
 	Clusters []string `json:"clusters,omitempty"`
-	// Namespaces are patterns on the resource's namespace ("" for cluster-scoped resources).
+	// Namespaces are namespace patterns (package hub/pattern: "shop", "team-*", "*", the same
+	// grammar as the clusters' ownership); only "*" includes cluster-scoped resources.
 	Namespaces []string `json:"namespaces,omitempty"`
 	// Labels is a Kubernetes label selector on the resource's labels ("mesh=shared").
 	Labels string `json:"labels,omitempty"`
@@ -67,11 +70,12 @@ type Sink struct {
 
 // rule is a compiled Rule.
 type rule struct {
-	name                         string
-	identities, nodeIDs          []glob
-	annotations                  map[string]glob
-	collections, clusters, names []glob
-	selector                     labels.Selector // nil: everything
+	name                  string
+	identities, nodeIDs   []glob
+	annotations           map[string]glob
+	collections, clusters []glob
+	namespaces            []pattern.Namespace
+	selector              labels.Selector // nil: everything
 }
 
 // Table is a compiled routing configuration. It is safe for concurrent use.
@@ -136,7 +140,7 @@ func compile(field string, r Rule) (*rule, error) {
 	if cr.clusters, err = globs(field+".clusters", r.Clusters); err != nil {
 		return nil, err
 	}
-	if cr.names, err = globs(field+".namespaces", r.Namespaces); err != nil {
+	if cr.namespaces, err = pattern.ParseNamespaces(field+".namespaces", r.Namespaces); err != nil {
 		return nil, err
 	}
 	if len(r.Annotations) > 0 {
@@ -260,6 +264,19 @@ func anyMatch(gs []glob, s string) bool {
 	return false
 }
 
+// anyNamespace reports whether ns matches one of ps; an empty list matches everything.
+func anyNamespace(ps []pattern.Namespace, ns string) bool {
+	if len(ps) == 0 {
+		return true
+	}
+	for _, p := range ps {
+		if p.Match(ns) {
+			return true
+		}
+	}
+	return false
+}
+
 // Subset is what a set of rules gives a sink. Subsets are immutable.
 type Subset struct {
 	key   string
@@ -296,7 +313,7 @@ func (s *Subset) WantsCollection(collection string) bool {
 // origin cluster, namespace ("" for cluster-scoped) and labels.
 func (s *Subset) Includes(collection, cluster, namespace string, lbls map[string]string) bool {
 	for _, r := range s.rules {
-		if anyMatch(r.collections, collection) && anyMatch(r.clusters, cluster) && anyMatch(r.names, namespace) &&
+		if anyMatch(r.collections, collection) && anyMatch(r.clusters, cluster) && anyNamespace(r.namespaces, namespace) &&
 			(r.selector == nil || r.selector.Matches(labels.Set(lbls))) {
 			return true
 		}

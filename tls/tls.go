@@ -34,6 +34,16 @@ type Files struct {
 	CA string `json:"caFile"`
 }
 
+// Config is the tls section of the hub's and the minion's configuration files: the
+// identity's files and, for the connections it dials, the name the peer's certificate must
+// carry.
+type Config struct {
+	Files
+	// ServerName, if set, is the name a dialed peer's certificate must carry, instead of the
+	// host of the address dialed (an address behind a load balancer, an IP).
+	ServerName string `json:"serverName,omitempty"`
+}
+
 // Validate reports a missing field by name.
 func (f Files) Validate() error {
 	switch {

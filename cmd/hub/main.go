@@ -10,6 +10,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/hub/replicas"
 	"github.com/meshfed/meshfed/internal/ops"
 )
 
@@ -46,23 +48,35 @@ func main() {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if *config != "" {
-		// The file is watched: valid changes apply without a restart.
-		if err := hub.RunWithReload(ctx, *config, log, reg); err != nil {
-			log.Error("hub stopped", "err", err)
-			os.Exit(1)
-		}
-		return
-	}
 	cfg := hub.DefaultConfig()
-	cfg.HTTP = "127.0.0.1:9990"
-	h, err := hub.New(cfg, log, reg)
+	if *config != "" {
+		if cfg, err = hub.LoadConfig(*config); err != nil {
+			log.Error("hub not started", "err", err)
+			os.Exit(2)
+		}
+	}
+	h, err := build(cfg, log, reg)
 	if err != nil {
 		log.Error("hub not started", "err", err)
 		os.Exit(2)
 	}
-	if err := h.Run(ctx); err != nil {
+	if *config != "" {
+		err = h.RunWithReload(ctx, *config) // valid changes of the file apply without a restart
+	} else {
+		err = h.Run(ctx)
+	}
+	if err != nil {
 		log.Error("hub stopped", "err", err)
 		os.Exit(1)
 	}
+}
+
+// build makes the hub cfg describes: the single-hub core, with the replica layer plugged in
+// when cfg has a replicas section.
+func build(cfg *hub.Config, log *slog.Logger, reg *prometheus.Registry) (*hub.Hub, error) {
+	if cfg.Replicas != nil {
+		h, _, err := replicas.New(cfg, log, reg)
+		return h, err
+	}
+	return hub.New(cfg, log, hub.Options{Registry: reg})
 }

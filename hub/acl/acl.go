@@ -32,6 +32,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/meshfed/meshfed/hub/pattern"
 )
 
 // Cluster is what one cluster owns.
@@ -101,7 +103,9 @@ type prefixOwner struct {
 
 // clusterACL is one cluster's patterns, precomputed for Check.
 type clusterACL struct {
-	spec Cluster // a private copy
+	spec       Cluster // a private copy
+	namespaces []pattern.Namespace
+	hosts      []pattern.Host
 
 	nsAll    bool
 	nsExact  map[string]struct{}
@@ -128,13 +132,14 @@ func New(clusters []Cluster, opts Options) (*Policy, error) {
 	suffix := opts.DomainSuffix
 	if suffix == "" {
 		suffix = DefaultDomainSuffix
-	} else if msg := checkHostPattern(suffix); msg != "" {
-		add("options.DomainSuffix: %q: %s", suffix, msg)
+	} else if _, err := pattern.ParseHost(suffix); err != nil {
+		add("options.DomainSuffix: %q: %v", suffix, err)
 	} else if strings.HasPrefix(suffix, "*") {
 		add("options.DomainSuffix: %q: must not be a wildcard", suffix)
 	}
 
 	seen := make(map[string]int, len(clusters))
+	parsed := make([]*clusterACL, 0, len(clusters))
 	for i, c := range clusters {
 		path := fmt.Sprintf("clusters[%d]", i)
 		if c.Name == "" {
@@ -147,24 +152,44 @@ func New(clusters []Cluster, opts Options) (*Policy, error) {
 				seen[c.Name] = i
 			}
 		}
+		a := &clusterACL{spec: Cluster{
+			Name:          c.Name,
+			Namespaces:    slices.Clone(c.Namespaces),
+			Hosts:         slices.Clone(c.Hosts),
+			ClusterScoped: slices.Clone(c.ClusterScoped),
+		}}
 		for j, p := range c.Namespaces {
-			if msg := checkNamespacePattern(p); msg != "" {
-				add("%s.namespaces[%d]: %q: %s", path, j, p, msg)
+			n, err := pattern.ParseNamespace(p)
+			if err != nil {
+				add("%s.namespaces[%d]: %q: %v", path, j, p, err)
+				continue
 			}
+			a.addNamespace(n)
 		}
 		for j, p := range c.Hosts {
-			if msg := checkHostPattern(p); msg != "" {
-				add("%s.hosts[%d]: %q: %s", path, j, p, msg)
+			h, err := pattern.ParseHost(p)
+			if err != nil {
+				add("%s.hosts[%d]: %q: %v", path, j, p, err)
+				continue
 			}
+			a.addHost(h)
 		}
 		for j, p := range c.ClusterScoped {
 			switch {
 			case p == "":
 				add("%s.clusterScoped[%d]: must not be empty", path, j)
-			case p != "*" && strings.Contains(p, "*"):
+			case p == "*":
+				a.scopedAll = true
+			case strings.Contains(p, "*"):
 				add("%s.clusterScoped[%d]: %q: a collection name, or \"*\" alone for every collection", path, j, p)
+			default:
+				if a.scoped == nil {
+					a.scoped = map[string]struct{}{}
+				}
+				a.scoped[p] = struct{}{}
 			}
 		}
+		parsed = append(parsed, a)
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("acl: invalid configuration: %s", strings.Join(problems, "; "))
@@ -172,88 +197,72 @@ func New(clusters []Cluster, opts Options) (*Policy, error) {
 
 	p := &Policy{
 		suffix:    suffix,
+		clusters:  parsed,
 		byName:    make(map[string]*clusterACL, len(clusters)),
 		nsExact:   map[string][]int{},
 		hostExact: map[string][]int{},
 		hostWild:  map[string][]int{},
 	}
-	for _, c := range clusters {
-		p.clusters = append(p.clusters, newClusterACL(c))
-	}
 	slices.SortFunc(p.clusters, func(a, b *clusterACL) int { return strings.Compare(a.spec.Name, b.spec.Name) })
 	for i, c := range p.clusters {
 		p.byName[c.spec.Name] = c
-		for _, pat := range c.spec.Namespaces {
-			switch {
-			case pat == "*":
+		for _, n := range c.namespaces {
+			switch n.Kind() {
+			case pattern.Any:
 				p.nsAll = append(p.nsAll, i)
-			case strings.HasSuffix(pat, "*"):
-				p.nsPrefix = append(p.nsPrefix, prefixOwner{prefix: pat[:len(pat)-1], cluster: i})
+			case pattern.Prefix:
+				p.nsPrefix = append(p.nsPrefix, prefixOwner{prefix: n.Body(), cluster: i})
 			default:
-				p.nsExact[pat] = append(p.nsExact[pat], i)
+				p.nsExact[n.Body()] = append(p.nsExact[n.Body()], i)
 			}
 		}
-		for _, pat := range c.spec.Hosts {
-			switch {
-			case pat == "*":
+		for _, h := range c.hosts {
+			switch h.Kind() {
+			case pattern.Any:
 				p.hostAll = append(p.hostAll, i)
-			case pat[0] == '*':
-				p.hostWild[pat[1:]] = append(p.hostWild[pat[1:]], i)
+			case pattern.Suffix:
+				p.hostWild[h.Body()] = append(p.hostWild[h.Body()], i)
 			default:
-				p.hostExact[pat] = append(p.hostExact[pat], i)
+				p.hostExact[h.Body()] = append(p.hostExact[h.Body()], i)
 			}
 		}
 	}
 	return p, nil
 }
 
-func newClusterACL(c Cluster) *clusterACL {
-	a := &clusterACL{spec: Cluster{
-		Name:          c.Name,
-		Namespaces:    slices.Clone(c.Namespaces),
-		Hosts:         slices.Clone(c.Hosts),
-		ClusterScoped: slices.Clone(c.ClusterScoped),
-	}}
-	for _, pat := range c.Namespaces {
-		switch {
-		case pat == "*":
-			a.nsAll = true
-		case strings.HasSuffix(pat, "*"):
-			a.nsPrefix = append(a.nsPrefix, pat[:len(pat)-1])
-		default:
-			if a.nsExact == nil {
-				a.nsExact = map[string]struct{}{}
-			}
-			a.nsExact[pat] = struct{}{}
+// addNamespace adds an owned namespace pattern to the cluster's lookup sets.
+func (a *clusterACL) addNamespace(n pattern.Namespace) {
+	a.namespaces = append(a.namespaces, n)
+	switch n.Kind() {
+	case pattern.Any:
+		a.nsAll = true
+	case pattern.Prefix:
+		a.nsPrefix = append(a.nsPrefix, n.Body())
+	default:
+		if a.nsExact == nil {
+			a.nsExact = map[string]struct{}{}
 		}
+		a.nsExact[n.Body()] = struct{}{}
 	}
-	for _, pat := range c.Hosts {
-		switch {
-		case pat == "*":
-			a.hostAll = true
-		case pat[0] == '*':
-			if a.hostWild == nil {
-				a.hostWild = map[string]struct{}{}
-			}
-			a.hostWild[pat[1:]] = struct{}{}
-		default:
-			if a.hostExact == nil {
-				a.hostExact = map[string]struct{}{}
-			}
-			a.hostExact[pat] = struct{}{}
+}
+
+// addHost adds an owned host pattern to the cluster's lookup sets.
+func (a *clusterACL) addHost(h pattern.Host) {
+	a.hosts = append(a.hosts, h)
+	switch h.Kind() {
+	case pattern.Any:
+		a.hostAll = true
+	case pattern.Suffix:
+		if a.hostWild == nil {
+			a.hostWild = map[string]struct{}{}
 		}
+		a.hostWild[h.Body()] = struct{}{}
+	default:
+		if a.hostExact == nil {
+			a.hostExact = map[string]struct{}{}
+		}
+		a.hostExact[h.Body()] = struct{}{}
 	}
-	for _, col := range c.ClusterScoped {
-		if col == "*" {
-			a.scopedAll = true
-			continue
-		}
-		if a.scoped == nil {
-			a.scoped = map[string]struct{}{}
-		}
-		a.scoped[col] = struct{}{}
-	}
-	return a
 }
 
 // Cluster returns a copy of the named cluster's configuration.
@@ -348,7 +357,7 @@ func (p *Policy) Check(cluster string, o Object) error {
 		case hostInvalid:
 			return &Rejection{Reason: fmt.Sprintf("host %q is not a valid host name (cluster %q)", clip(written), cluster)}
 		case hostTooLong:
-			return &Rejection{Reason: fmt.Sprintf("host %q is longer than %d characters (cluster %q)", clip(written), maxName, cluster)}
+			return &Rejection{Reason: fmt.Sprintf("host %q is longer than %d characters (cluster %q)", clip(written), pattern.MaxName, cluster)}
 		case hostUnresolvable:
 			return &Rejection{Reason: fmt.Sprintf("short host name %q cannot be resolved: cluster-scoped %s %q has no namespace",
 				clip(written), clip(o.Collection), clip(o.Name))}
@@ -357,7 +366,7 @@ func (p *Policy) Check(cluster string, o Object) error {
 			continue
 		}
 		norm := string(b)
-		shown := fmt.Sprintf("%q", norm) // at most maxName bytes
+		shown := fmt.Sprintf("%q", norm) // at most pattern.MaxName bytes
 		if norm != written {
 			shown += fmt.Sprintf(" (written %q)", clip(written))
 		}
@@ -538,7 +547,7 @@ func normHost(dst []byte, h, ns, suffix string) ([]byte, int) {
 	if h == "" {
 		return dst, hostInvalid
 	}
-	if len(h) > maxName {
+	if len(h) > pattern.MaxName {
 		return dst, hostTooLong
 	}
 	if h != "*" {
@@ -562,7 +571,7 @@ func normHost(dst []byte, h, ns, suffix string) ([]byte, int) {
 		}
 		return dst, hostUnresolvable
 	}
-	if len(h)+len(ns)+len(suffix)+len("..svc.") > maxName {
+	if len(h)+len(ns)+len(suffix)+len("..svc.") > pattern.MaxName {
 		return dst, hostTooLong
 	}
 	dst = append(dst, '.')

@@ -30,7 +30,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -142,8 +142,8 @@ func (c *client) get(ctx context.Context, method, path string, body []byte, v an
 }
 
 func (c *client) status(ctx context.Context) error {
-	var clusters []hub.ClusterStatus
-	var sinks []hub.SinkStatus
+	var clusters []api.ClusterStatus
+	var sinks []api.SinkStatus
 	if c.json {
 		// One JSON document: {"clusters": ..., "sinks": ...}.
 		var raw struct {
@@ -217,7 +217,7 @@ func (c *client) status(ctx context.Context) error {
 }
 
 func (c *client) why(ctx context.Context, collection, name string) error {
-	var why hub.Why
+	var why api.Why
 	q := url.Values{"collection": {collection}, "name": {name}}
 	if printed, err := c.get(ctx, http.MethodGet, "/api/why?"+q.Encode(), nil, &why); err != nil || printed {
 		return err
@@ -229,7 +229,7 @@ func (c *client) why(ctx context.Context, collection, name string) error {
 	default:
 		fmt.Fprintf(c.out, "  served from cluster %s at version %s\n", why.Served.Cluster, why.Served.Version)
 		for _, cand := range why.Candidates[1:] {
-			fmt.Fprintf(c.out, "  also published by %s (%s), held: %s\n", cand.Cluster, cand.Version, why.Conflict)
+			fmt.Fprintf(c.out, "  also published by %s (version %s), held: %s\n", cand.Cluster, cand.Version, cand.HeldBecause)
 		}
 	}
 	for _, r := range why.Rejected {
@@ -241,7 +241,10 @@ func (c *client) why(ctx context.Context, collection, name string) error {
 		}
 		for _, s := range why.Sinks {
 			state := "up to date"
-			if !s.UpToDate {
+			switch {
+			case s.NACK != "":
+				state = "refused the latest push (NACK " + s.NACK + "): it does not hold the served version"
+			case !s.UpToDate:
 				state = "not yet acknowledged"
 			}
 			fmt.Fprintf(c.out, "  sink %d (%s, node %s, rules %s): %s\n", s.Stream, dash(s.Identity), dash(s.NodeID), strings.Join(s.Rules, ","), state)
@@ -251,7 +254,7 @@ func (c *client) why(ctx context.Context, collection, name string) error {
 }
 
 func (c *client) whatif(ctx context.Context, q url.Values, candidate []byte) error {
-	var d hub.DryRun
+	var d api.DryRun
 	method := http.MethodGet
 	if candidate != nil {
 		method = http.MethodPost
@@ -324,7 +327,7 @@ func certs(args []string, out io.Writer) error {
 	sink := fs.String("sink", "", "issue a sink's certificate for this name")
 	outDir := fs.String("out", "", "directory to write NAME.crt, NAME.key (0600) and ca.crt into")
 	stateDir := fs.String("state-dir", filepath.Join(".meshfed", "hub"), "the hub's state directory (its development CA is in ca/)")
-	trustDomain := fs.String("trust-domain", hub.DevTrustDomain, "the hub's trust domain")
+	trustDomain := fs.String("trust-domain", meshtls.DevTrustDomain, "the hub's trust domain")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -338,9 +341,9 @@ func certs(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	id, name := hub.ClusterIdentity(*trustDomain, *cluster), *cluster
+	id, name := meshtls.ID(*trustDomain, meshtls.KindCluster, *cluster), *cluster
 	if *sink != "" {
-		id, name = hub.SinkIdentity(*trustDomain, *sink), *sink
+		id, name = meshtls.ID(*trustDomain, meshtls.KindSink, *sink), *sink
 	}
 	files, err := ca.Issue(id, nil, *outDir, name)
 	if err != nil {
@@ -402,7 +405,7 @@ func (p *printer) Apply(_ context.Context, c *mcp.Change) error {
 	for _, r := range c.Resources {
 		md := r.GetMetadata()
 		now[md.GetName()] = md.GetVersion()
-		lines = append(lines, fmt.Sprintf("  %s from %s (version %s)", md.GetName(), dash(md.GetAnnotations()[hub.OriginAnnotation]), md.GetVersion()))
+		lines = append(lines, fmt.Sprintf("  %s from %s (version %s)", md.GetName(), dash(md.GetAnnotations()[api.OriginAnnotation]), md.GetVersion()))
 	}
 	if len(now) == 0 && len(p.held[c.Collection]) == 0 {
 		p.held[c.Collection] = now

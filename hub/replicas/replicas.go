@@ -1,747 +1,278 @@
-// Package replicas is the membership of a hub's replicas: who is alive (hashicorp/memberlist
-// failure detection), where each replica's replica-to-replica MCP service listens, and which
-// replica holds which cluster's live minion stream, with an epoch that orders sessions.
+// Package replicas is the replica layer: several hub processes with a replicas section
+// act as one hub. It plugs into the single-hub core (package hub) through hub.Layer and
+// depends on it, never the reverse; cmd/hub wires it in only when the configuration has a
+// replicas section.
 //
-// It carries membership and that small metadata only, never resource data: resources move
-// between replicas over MCP.
-//
-// Gossip: each change of a holding is one small delta (one cluster, ~80 bytes, whatever the
-// number of clusters), sent as a broadcast and over memberlist's TCP channel to each member;
-// full states travel in memberlist's push/pull and whenever a replica (re)joins (each side
-// sends its own and asks for the other's). Every replica stamps its changes with a version that
-// only grows, and with an incarnation (its start time), so a replica that restarts under the
-// same name before its death was noticed still supersedes what it said before.
-//
-// Epochs: a replica that takes a cluster's session holds it at one more than the highest
-// epoch it has ever seen for that cluster (departed replicas included), so the newest
-// session wins wherever it started; ties (possible only when two sides of a network split
-// took the cluster independently) go to the lower replica name. A replica that leaves or
-// dies drops out of the view with its holdings.
+// Two channels connect the replicas. Membership (package hub/replicas/membership,
+// hashicorp/memberlist) says who is alive, where each replica's ingest listener is, and
+// which replica holds which cluster's minion session at which epoch. MCP carries the
+// resources: each replica serves, on its ingest listener, the clusters it holds as it
+// received them (feed.go), and follows every cluster another replica holds with one stream
+// (follow.go) whose pushes go through the core's ACL, merge and views like a minion's. The
+// session rules (sessions.go) keep one writer per cluster copy; each dial-out runs on one
+// replica at a time (tasks.go).
 package replicas
 
 import (
-	"encoding/base64"
-	"encoding/json"
+	"context"
 	"errors"
-	"fmt"
-	"io"
-	"log"
 	"log/slog"
 	"net"
-	"os"
+	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/replicas/membership"
+	"github.com/meshfed/meshfed/mcp"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
-// Config configures one replica's membership.
-type Config struct {
-	// Name is the replica's unique name.
-	Name string
-	// Bind is the gossip address, host:port (port 0 picks a free one).
-	Bind string
-	// MCPAddr is where peers reach this replica's replica-to-replica MCP service.
-	MCPAddr string
-	// Seeds are gossip addresses of other replicas to join.
-	Seeds []string
-	// SeedDNS is a name:port whose addresses are the other replicas (a Kubernetes headless
-	// Service); resolved at start, joined like Seeds.
-	SeedDNS string
-	// KeyFile holds the gossip encryption key (16, 24 or 32 bytes, base64): every replica
-	// must have the same. Empty: unencrypted gossip (logged).
-	KeyFile string
-	// Local starts from memberlist's local-network defaults (fast probes) instead of its
-	// LAN defaults.
-	Local bool
-	// Tuning overrides the chosen defaults; zero fields keep them.
-	Tuning Tuning
-	// Incarnation orders this replica's lives; default the start time. Tests set it.
-	Incarnation int64
+// Layer is one replica's part beside the core: it implements hub.Layer.
+type Layer struct {
+	h       *hub.Hub
+	cfg     hub.ReplicasConfig
+	id      string // this replica's identity (replicaID)
+	td      string // the trust domain ("" in insecure mode without one)
+	log     *slog.Logger
+	metrics *metrics
+	peerSrc *mcp.Source
+	peers   peerStreams
+	feeds   feeds
+	// join starts the membership (membership.Start; tests give a fake).
+	join func(membership.Config, *slog.Logger) (members, error)
+	mem  atomic.Pointer[memberRef] // set by Start, before any stream is served
 
-	broadcastOnly bool // tests: holding changes by gossip broadcast only, not over TCP
+	mu        sync.Mutex // guards the following fields
+	clusters  map[string]*clusterRep
+	follows   map[*hub.Session]*follow // the sessions of the follows' streams
+	runs      map[string]bool          // dial-out tasks this replica runs
+	following map[string]string        // cluster -> what this replica follows it from
 }
 
-// Tuning is the part of memberlist's failure detection worth changing.
-type Tuning struct {
-	// ProbeInterval between failure probes of a random peer (LAN default 1s).
-	ProbeInterval time.Duration
-	// ProbeTimeout for a probe's answer (LAN default 500ms).
-	ProbeTimeout time.Duration
-	// SuspicionMult scales how long a suspected peer has to refute before it is declared
-	// dead (LAN default 4).
-	SuspicionMult int
-	// GossipInterval between gossip rounds (LAN default 200ms).
-	GossipInterval time.Duration
-	// PushPullInterval between full-state exchanges (LAN default 30s).
-	PushPullInterval time.Duration
-	// RejoinInterval between attempts to join the seeds and the replicas that left or
-	// died, while they are not members: how a network split heals (memberlist itself stops
-	// contacting a dead member after a while). Default 10s.
-	RejoinInterval time.Duration
+// clusterRep is what this replica knows of one cluster's sessions here.
+type clusterRep struct {
+	// minion maps each open minion session here to the epoch it holds (0: it has not
+	// delivered every collection yet, so this replica does not hold it for it).
+	minion map[*hub.Session]uint64
+	// follow is the stream this replica follows the cluster by, if any.
+	follow *follow
 }
 
-// Replica is one member as the view holds it.
-type Replica struct {
-	Name    string            `json:"name"`
-	MCPAddr string            `json:"mcpAddr"`
-	Holding map[string]uint64 `json:"holding"` // cluster -> epoch of its live session there
-}
-
-// hold is one replica's holding of one cluster: Epoch 0 is a release (kept as a tombstone
-// until a full state supersedes it, so an older hold arriving late cannot revive it).
-type hold struct {
-	Epoch uint64 `json:"e"`
-	Ver   uint64 `json:"v"` // the replica's version when it changed
-}
-
-// message is what replicas gossip: a replica's full state (push/pull) or one cluster's
-// change (broadcast).
-type message struct {
-	Name    string          `json:"n"`
-	MCPAddr string          `json:"a,omitempty"`
-	Inc     int64           `json:"i"`
-	Ver     uint64          `json:"v"`
-	Full    bool            `json:"f,omitempty"`
-	Ask     bool            `json:"q,omitempty"` // Full: answer with your full state
-	Holding map[string]hold `json:"h,omitempty"` // Full: every live holding; else the one changed
-}
-
-// peer is what this replica knows of one replica.
-type peer struct {
-	name    string
-	mcpAddr string
-	inc     int64
-	ver     uint64 // the version of the newest full state merged
-	holding map[string]hold
-}
-
-// MaxMessage bounds a decoded gossip message (memberlist's push/pull is capped too).
-const MaxMessage = 4 << 20
-
-// decode parses one gossip message, refusing anything malformed with a reason.
-func decode(b []byte) (message, error) {
-	var m message
-	if len(b) > MaxMessage {
-		return m, fmt.Errorf("gossip message of %d bytes exceeds %d", len(b), MaxMessage)
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("gossip message: %w", err)
-	}
-	if m.Name == "" {
-		return m, errors.New("gossip message without a replica name")
-	}
-	if !m.Full && len(m.Holding) != 1 {
-		return m, fmt.Errorf("gossip delta from %q changes %d clusters, want 1", m.Name, len(m.Holding))
-	}
-	for c, h := range m.Holding {
-		if c == "" {
-			return m, fmt.Errorf("gossip message from %q holds a cluster without a name", m.Name)
-		}
-		if m.Full && h.Epoch == 0 {
-			return m, fmt.Errorf("gossip state from %q lists cluster %q with epoch 0", m.Name, c)
-		}
-		if h.Ver > m.Ver {
-			return m, fmt.Errorf("gossip message from %q: cluster %q changed at version %d, after the message's %d", m.Name, c, h.Ver, m.Ver)
+// resyncing reports whether a minion session here has not delivered everything yet: it is
+// then the freshest source and the only writer of the cluster's copy.
+func (c *clusterRep) resyncing() bool {
+	for _, epoch := range c.minion {
+		if epoch == 0 {
+			return true
 		}
 	}
-	return m, nil
+	return false
 }
 
-// Members is this replica's membership. It is safe for concurrent use.
-type Members struct {
-	cfg   Config
-	log   *slog.Logger
-	ml    *memberlist.Memberlist
-	queue *memberlist.TransmitLimitedQueue
-
-	closeOnce sync.Once
-	closeErr  error
-	stop      chan struct{}
-	rejoined  sync.WaitGroup // the rejoin and send goroutines
-	sending   sync.WaitGroup // sends in flight
-	live      atomic.Int32   // members known (this one included), for the broadcast queue
-	sends     chan outgoing  // messages to send over TCP
-
-	mu       sync.Mutex // guards the following fields
-	self     message    // Full, Holding without tombstones
-	peers    map[string]*peer
-	gone     map[string]departed // left or dead since their last join: their late messages are ignored, and they are rejoined for a while
-	maxEpoch map[string]uint64   // cluster -> highest epoch ever seen
-	changed  chan struct{}
-	watchers map[chan struct{}]bool // Watch's channels
+// members is the membership as the layer uses it (*membership.Members).
+type members interface {
+	Hold(cluster string) uint64
+	Release(cluster string, epoch uint64)
+	Holds(cluster string) bool
+	Authority(cluster string) (replica string, epoch uint64, ok bool)
+	Authorities() map[string]membership.Authority
+	Replicas() []membership.Replica
+	Changed() <-chan struct{}
+	Watch() (<-chan struct{}, func())
+	Poke()
+	Addr() string
+	Close() error
 }
 
-// Start creates the replica's membership and joins the seeds (those that answer; none
-// answering is not an error: the others will join this one).
-func Start(cfg Config, logger *slog.Logger) (*Members, error) {
-	if cfg.Name == "" {
-		return nil, errors.New("replicas: name is required")
+type memberRef struct{ members }
+
+// New builds a hub that is one replica of several: the core (cfg must have a replicas
+// section) with this layer plugged in. reg receives the metrics (nil: a new registry).
+func New(cfg *hub.Config, log *slog.Logger, reg *prometheus.Registry) (*hub.Hub, *Layer, error) {
+	if cfg.Replicas == nil {
+		return nil, nil, errors.New("replicas: the configuration has no replicas section")
 	}
-	mc := memberlist.DefaultLANConfig()
-	if cfg.Local {
-		mc = memberlist.DefaultLocalConfig()
+	if reg == nil {
+		reg = prometheus.NewRegistry()
 	}
-	tune(mc, cfg.Tuning)
-	mc.Name = cfg.Name
-	host, port, err := net.SplitHostPort(cfg.Bind)
+	l := &Layer{cfg: *cfg.Replicas, td: cfg.SPIFFETrustDomain(), log: log, metrics: newMetrics(reg),
+		join:     func(c membership.Config, log *slog.Logger) (members, error) { return membership.Start(c, log) },
+		clusters: map[string]*clusterRep{}, follows: map[*hub.Session]*follow{}, runs: map[string]bool{}, following: map[string]string{}}
+	l.id = replicaID(l.td, l.cfg.Name)
+	l.feeds.colls = cfg.Collections
+	h, err := hub.New(cfg, log, hub.Options{Registry: reg, Layer: l})
 	if err != nil {
-		return nil, fmt.Errorf("replicas: bind %q: %v", cfg.Bind, err)
+		return nil, nil, err
 	}
-	mc.BindAddr = host
-	if mc.BindPort, err = strconv.Atoi(port); err != nil {
-		return nil, fmt.Errorf("replicas: bind %q: %v", cfg.Bind, err)
+	l.h = h
+	// A cluster's first push to a peer is its whole store: allow what ingest allows.
+	l.peerSrc, err = mcp.NewSource(mcp.SourceOptions{Watcher: feedRouter{l}, MaxMessageSize: hub.MaxIngestMessageSize,
+		Logger: log.With("role", "replica"), Metrics: h.MCPMetrics()})
+	if err != nil {
+		return nil, nil, err
 	}
-	mc.AdvertisePort = mc.BindPort
-	if cfg.KeyFile != "" {
-		key, err := readKey(cfg.KeyFile)
-		if err != nil {
-			return nil, err
-		}
-		mc.SecretKey = key
-	} else {
-		logger.Warn("replica gossip is not encrypted (no keyFile)")
-	}
-	if cfg.Incarnation == 0 {
-		cfg.Incarnation = time.Now().UnixNano()
-	}
-	mc.Logger = log.New(io.Discard, "", 0)
-	if os.Getenv("MESHFED_MEMBERLIST_LOG") != "" { // memberlist's own log, for debugging
-		mc.Logger = log.New(os.Stderr, "memberlist "+cfg.Name+" ", log.Lmicroseconds)
-	}
-	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]departed{},
-		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
-		sends: make(chan outgoing, 1024),
-		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
-	m.watchers = map[chan struct{}]bool{m.changed: true}
-	mc.Delegate = delegate{m}
-	mc.Events = events{m}
-	// The queue must not call into memberlist: memberlist calls the event delegates with its
-	// node lock held, and those take m.mu, under which broadcasts are queued.
-	m.live.Store(1)
-	// Holding changes are rare and small: transmit each more often than memberlist's own
-	// messages (4 × log(N+1) on a LAN), since memberlist piggybacks them on any packet and
-	// a few transmissions can all go to the same peer. The TCP send covers the rest.
-	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return int(m.live.Load()) }, RetransmitMult: max(mc.RetransmitMult, 16)}
-	if m.ml, err = memberlist.Create(mc); err != nil {
-		return nil, fmt.Errorf("replicas: %w", err)
-	}
-	if cfg.SeedDNS != "" {
-		if _, _, err := net.SplitHostPort(cfg.SeedDNS); err != nil {
-			_ = m.ml.Shutdown()
-			return nil, fmt.Errorf("replicas: seedDNS %q: %v", cfg.SeedDNS, err)
-		}
-	}
-	if seeds := m.seeds(); len(seeds) > 0 {
-		if n, err := m.ml.Join(seeds); err != nil && n == 0 {
-			m.log.Warn("no seed answered; waiting to be joined", "seeds", seeds, "err", err)
-		}
-	}
-	every := cfg.Tuning.RejoinInterval
-	if every <= 0 {
-		every = 10 * time.Second
-	}
-	m.rejoined.Add(2)
-	go m.rejoin(every)
-	go m.send()
-	return m, nil
+	return h, l, nil
 }
 
-// departed is a replica that left or died: where it was, and when.
-type departed struct {
-	addr string
-	at   time.Time
-}
-
-// forgetAfter is how long a departed replica is rejoined (a split that lasts longer heals
-// through the seeds); after that it is forgotten, so replaced pods do not pile up.
-const forgetAfter = time.Hour
-
-// outgoing is a message for one member (to) or every member (to empty).
-type outgoing struct {
-	to  string
-	msg []byte
-}
-
-// enqueue queues a message for the send goroutine without blocking (gossip and push/pull
-// still carry the state if the queue is full).
-func (m *Members) enqueue(o outgoing) {
-	select {
-	case m.sends <- o:
-	default:
+// members returns the membership: nil until Start.
+func (l *Layer) members() members {
+	if r := l.mem.Load(); r != nil {
+		return r.members
 	}
+	return nil
 }
 
-// send delivers messages over memberlist's reliable (TCP) channel: each holding change to
-// every member, as well as by gossip (a broadcast's few transmissions may all be
-// piggybacked on packets to the same peer, and a handover must not wait for the next
-// push/pull), and full states exchanged when a replica (re)joins.
-func (m *Members) send() {
-	defer m.rejoined.Done()
-	sem := make(chan struct{}, 32) // sends in flight: one unreachable peer must not hold up the others
-	for {
-		select {
-		case <-m.stop:
-			return
-		case o := <-m.sends:
-			for _, n := range m.ml.Members() {
-				if n.Name == m.cfg.Name || (o.to != "" && n.Name != o.to) {
-					continue
-				}
-				select {
-				case sem <- struct{}{}:
-				case <-m.stop:
-					return
-				}
-				m.sending.Add(1)
-				go func() {
-					defer m.sending.Done()
-					defer func() { <-sem }()
-					if err := m.ml.SendReliable(n, o.msg); err != nil {
-						m.log.Debug("sending to a replica", "peer", n.Name, "err", err)
-					}
-				}()
+// Start joins the replicas' membership, advertising the ingest listener, serves the held
+// clusters to peers on it, adds /api/replicas to the admin API and follows the peers'
+// clusters until ctx ends.
+func (l *Layer) Start(ctx context.Context, g *errgroup.Group, ls hub.Listeners) error {
+	adv := l.cfg.Advertise
+	if adv == "" {
+		host, port, _ := net.SplitHostPort(ls.IngestAddr)
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			if host = privateIP(); host == "" {
+				return errors.New("replicas.advertise: required: the ingest listener listens on every interface and this host has no private address")
 			}
 		}
+		adv = net.JoinHostPort(host, port)
 	}
-}
-
-// fullLocked is this replica's full state, asking for the receiver's when ask is set.
-func (m *Members) fullLocked(ask bool) []byte {
-	st := m.self
-	st.Ask = ask
-	b, _ := json.Marshal(st)
-	return b
-}
-
-// seeds returns the configured seeds and what SeedDNS resolves to now.
-func (m *Members) seeds() []string {
-	seeds := append([]string(nil), m.cfg.Seeds...)
-	if m.cfg.SeedDNS != "" {
-		h, p, _ := net.SplitHostPort(m.cfg.SeedDNS)
-		addrs, err := net.LookupHost(h)
-		if err != nil {
-			m.log.Warn("seed DNS name does not resolve", "name", h, "err", err)
-		}
-		for _, a := range addrs {
-			seeds = append(seeds, net.JoinHostPort(a, p))
-		}
+	rc := l.cfg
+	m, err := l.join(membership.Config{Name: rc.Name, Bind: rc.Gossip, MCPAddr: adv, Seeds: rc.Seeds, SeedDNS: rc.SeedDNS,
+		KeyFile: rc.KeyFile, Local: rc.Profile == "local", Tuning: membership.Tuning{ProbeInterval: rc.ProbeInterval.Duration,
+			ProbeTimeout: rc.ProbeTimeout.Duration, SuspicionMult: rc.SuspicionMult, GossipInterval: rc.GossipInterval.Duration,
+			PushPullInterval: rc.PushPullInterval.Duration, RejoinInterval: rc.RejoinInterval.Duration}}, l.log)
+	if err != nil {
+		return err
 	}
-	return seeds
+	l.mem.Store(&memberRef{m})
+	l.log.Info("replica started", "replica", rc.Name, "gossip", m.Addr(), "advertise", adv, "identity", l.id)
+
+	// Peers follow the clusters this replica holds on the ingest listener; a replica opens
+	// one stream per cluster at once, so the per-peer limit is far higher than a sink's.
+	mcp.NewSourceServer(l.peerSrc, mcp.ServerConfig{Authenticate: l.authenticatePeer, Logger: l.log, Metrics: l.h.MCPMetrics(),
+		StreamRate: 1000, StreamBurst: 10000}).Register(ls.Ingest)
+	ls.Admin.HandleFunc("/api/replicas", func(w http.ResponseWriter, _ *http.Request) { hub.WriteJSON(w, l.Status()) })
+	g.Go(func() error { l.followPeers(ctx); return nil })
+	g.Go(func() error {
+		<-ctx.Done()
+		if err := m.Close(); err != nil {
+			l.log.Warn("leaving the replicas", "err", err)
+		}
+		return nil
+	})
+	return nil
 }
 
-// rejoin periodically joins the seeds and the replicas that left or died that are not
-// members now: after a network split, each side has declared the other dead and
-// memberlist alone would not bring them back together.
-func (m *Members) rejoin(every time.Duration) {
-	defer m.rejoined.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.stop:
-			return
-		case <-t.C:
-		}
-		live := map[string]bool{}
-		for _, n := range m.ml.Members() {
-			live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
-		}
-		var try []string
-		for _, a := range m.seeds() {
-			if !live[a] {
-				try = append(try, a)
-			}
-		}
-		m.mu.Lock()
-		for name, d := range m.gone {
-			if time.Since(d.at) > forgetAfter {
-				delete(m.gone, name)
-				continue
-			}
-			if !live[d.addr] {
-				try = append(try, d.addr)
-			}
-		}
-		m.mu.Unlock()
-		if len(try) == 0 {
+// replicaID is a replica's identity: spiffe://<trustDomain>/hub/<name>, or, in insecure
+// mode without a trust domain, hub/<name> (like clusters' bare names there).
+func replicaID(trustDomain, name string) string {
+	if trustDomain == "" {
+		return meshtls.KindHub + "/" + name
+	}
+	return meshtls.ID(trustDomain, meshtls.KindHub, name)
+}
+
+// isReplica reports whether id is a replica's identity.
+func (l *Layer) isReplica(id string) bool {
+	if l.td == "" {
+		name, ok := strings.CutPrefix(id, meshtls.KindHub+"/")
+		return ok && name != ""
+	}
+	k, _, _ := meshtls.ParseID(l.td, id)
+	return k == meshtls.KindHub
+}
+
+// authenticatePeer admits a replica-to-replica stream only from a hub identity of the trust
+// domain (in insecure mode too: the claimed identity must still be a replica's).
+func (l *Layer) authenticatePeer(ctx context.Context) (string, error) {
+	id, err := hub.PeerIdentity(ctx, l.h.Config().Insecure)
+	if err != nil {
+		return "", err
+	}
+	if !l.isReplica(id) {
+		return "", status.Errorf(codes.PermissionDenied, "identity %q is not a hub replica identity (%s): only replicas may follow a cluster's store",
+			id, replicaID(l.td, "NAME"))
+	}
+	return id, nil
+}
+
+// privateIP returns this host's first private IPv4 address (a pod's IP), else its first
+// global unicast address, else "".
+func privateIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	var global string
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.IsLoopback() {
 			continue
 		}
-		if n, err := m.ml.Join(try); n > 0 {
-			m.log.Info("rejoined replicas", "contacted", n, "tried", try)
-		} else if err != nil {
-			m.log.Debug("rejoin found no replica", "tried", try, "err", err)
+		if n.IP.To4() != nil && n.IP.IsPrivate() {
+			return n.IP.String()
+		}
+		if global == "" && n.IP.IsGlobalUnicast() {
+			global = n.IP.String()
 		}
 	}
+	return global
 }
 
-func tune(mc *memberlist.Config, t Tuning) {
-	if t.ProbeInterval > 0 {
-		mc.ProbeInterval = t.ProbeInterval
-	}
-	if t.ProbeTimeout > 0 {
-		mc.ProbeTimeout = t.ProbeTimeout
-	}
-	if t.SuspicionMult > 0 {
-		mc.SuspicionMult = t.SuspicionMult
-	}
-	if t.GossipInterval > 0 {
-		mc.GossipInterval = t.GossipInterval
-	}
-	if t.PushPullInterval > 0 {
-		mc.PushPullInterval = t.PushPullInterval
-	}
-	// A replica that left the group may come back (a restart, a healed split) with the
-	// same name at once: allow it to reclaim its name after a short while.
-	mc.DeadNodeReclaimTime = 5 * mc.ProbeInterval
-}
-
-func readKey(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("replicas: keyFile: %w", err)
-	}
-	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("replicas: keyFile %s: not base64: %v", path, err)
-	}
-	if l := len(key); l != 16 && l != 24 && l != 32 {
-		return nil, fmt.Errorf("replicas: keyFile %s: the key is %d bytes, want 16, 24 or 32", path, l)
-	}
-	return key, nil
-}
-
-// Name returns this replica's name.
-func (m *Members) Name() string { return m.cfg.Name }
-
-// Addr returns the gossip address this replica listens on.
-func (m *Members) Addr() string {
-	n := m.ml.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-}
-
-// Hold records that this replica now holds cluster's live session and returns its epoch:
-// one more than any epoch ever seen for the cluster.
-func (m *Members) Hold(cluster string) uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	epoch := m.maxEpoch[cluster] + 1
-	m.maxEpoch[cluster] = epoch
-	m.changeLocked(cluster, epoch)
-	return epoch
-}
-
-// Holds reports whether this replica holds cluster's session (whatever the others hold).
-func (m *Members) Holds(cluster string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, ok := m.self.Holding[cluster]
-	return ok
-}
-
-// Release records that the session of epoch ended here (a later session keeps it held).
-func (m *Members) Release(cluster string, epoch uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if h, ok := m.self.Holding[cluster]; !ok || h.Epoch != epoch {
-		return
-	}
-	m.changeLocked(cluster, 0)
-}
-
-// changeLocked records a holding change (epoch 0: released) and broadcasts it.
-func (m *Members) changeLocked(cluster string, epoch uint64) {
-	m.self.Ver++
-	h := hold{Epoch: epoch, Ver: m.self.Ver}
-	if epoch == 0 {
-		delete(m.self.Holding, cluster)
-	} else {
-		m.self.Holding[cluster] = h
-	}
-	d := message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}
-	if b, err := json.Marshal(d); err == nil {
-		m.queue.QueueBroadcast(broadcast{name: m.self.Name, cluster: cluster, msg: b})
-		if !m.cfg.broadcastOnly {
-			m.enqueue(outgoing{msg: b})
-		}
-	}
-	m.notifyLocked()
-}
-
-func (m *Members) notifyLocked() {
-	for w := range m.watchers { // Changed's channel among them
-		select {
-		case w <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// Poke wakes Changed's and Watch's consumers without a change of the view (a caller whose
-// own state changed what they should do).
-func (m *Members) Poke() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.notifyLocked()
-}
-
-// Watch returns a channel poked (without blocking) on every change of the view, for a
-// second consumer besides Changed, and a function that stops it.
-func (m *Members) Watch() (<-chan struct{}, func()) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	w := make(chan struct{}, 1)
-	m.watchers[w] = true
-	return w, func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		delete(m.watchers, w)
-	}
-}
-
-// Changed is poked (without blocking) on every change of the view.
-func (m *Members) Changed() <-chan struct{} { return m.changed }
-
-// holdingsLocked calls f for every live holding, this replica's included.
-func (m *Members) holdingsLocked(f func(replica, addr, cluster string, epoch uint64)) {
-	for c, h := range m.self.Holding {
-		f(m.self.Name, m.self.MCPAddr, c, h.Epoch)
-	}
-	for _, p := range m.peers {
-		for c, h := range p.holding {
-			if h.Epoch > 0 {
-				f(p.name, p.mcpAddr, c, h.Epoch)
-			}
-		}
-	}
-}
-
-// Authority is the replica holding a cluster's newest session.
-type Authority struct {
-	Replica string `json:"replica"`
-	MCPAddr string `json:"mcpAddr"`
-	Epoch   uint64 `json:"epoch"`
-}
-
-// Authorities returns, for every held cluster, the replica holding it with the newest
-// epoch (ties: the lower replica name).
-func (m *Members) Authorities() map[string]Authority {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := map[string]Authority{}
-	m.holdingsLocked(func(replica, addr, cluster string, epoch uint64) {
-		a, ok := out[cluster]
-		if !ok || epoch > a.Epoch || (epoch == a.Epoch && replica < a.Replica) {
-			out[cluster] = Authority{Replica: replica, MCPAddr: addr, Epoch: epoch}
-		}
-	})
-	return out
-}
-
-// Authority returns the replica holding cluster with the newest epoch.
-func (m *Members) Authority(cluster string) (replica string, epoch uint64, ok bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	consider := func(name string, e uint64) {
-		if e > epoch || (e == epoch && e > 0 && name < replica) {
-			replica, epoch, ok = name, e, true
-		}
-	}
-	if h, held := m.self.Holding[cluster]; held {
-		consider(m.self.Name, h.Epoch)
-	}
-	for _, p := range m.peers {
-		if h := p.holding[cluster]; h.Epoch > 0 {
-			consider(p.name, h.Epoch)
-		}
-	}
-	return replica, epoch, ok
-}
-
-// Replicas returns the live replicas (this one included), by name.
-func (m *Members) Replicas() []Replica {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	byName := map[string]*Replica{m.self.Name: {Name: m.self.Name, MCPAddr: m.self.MCPAddr, Holding: map[string]uint64{}}}
-	for _, p := range m.peers {
-		byName[p.name] = &Replica{Name: p.name, MCPAddr: p.mcpAddr, Holding: map[string]uint64{}}
-	}
-	m.holdingsLocked(func(replica, _, cluster string, epoch uint64) { byName[replica].Holding[cluster] = epoch })
-	out := make([]Replica, 0, len(byName))
-	for _, r := range byName {
-		out = append(out, *r)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// Close leaves the membership (peers drop this replica at once) and stops. Safe to call
-// more than once.
-func (m *Members) Close() error {
-	m.closeOnce.Do(func() {
-		close(m.stop)
-		m.rejoined.Wait()
-		m.closeErr = m.ml.Leave(2 * time.Second)
-		if err := m.ml.Shutdown(); m.closeErr == nil {
-			m.closeErr = err
-		}
-		m.sending.Wait() // a send to an unreachable peer ends at memberlist's TCP timeout
-	})
-	return m.closeErr
-}
-
-// merge applies a peer's full state or delta.
-func (m *Members) merge(b []byte) {
-	msg, err := decode(b)
-	if err != nil {
-		m.log.Warn("ignoring a malformed gossip message", "err", err)
-		return
-	}
-	if msg.Name == m.cfg.Name {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if msg.Ask {
-		m.enqueue(outgoing{to: msg.Name, msg: m.fullLocked(false)})
-	}
-	if _, gone := m.gone[msg.Name]; gone {
-		return // a departed replica's late message must not bring it back
-	}
-	p := m.peers[msg.Name]
-	if p == nil {
-		p = &peer{name: msg.Name, holding: map[string]hold{}}
-		m.peers[msg.Name] = p
-		m.live.Store(int32(len(m.peers) + 1))
-	}
-	switch {
-	case msg.Inc < p.inc:
-		return // from an earlier life
-	case msg.Inc > p.inc:
-		changed := len(p.holding) > 0
-		p.inc, p.ver, p.holding = msg.Inc, 0, map[string]hold{}
-		if changed {
-			m.notifyLocked() // its earlier life's holdings are gone
-		}
-	}
-	if msg.MCPAddr != "" {
-		p.mcpAddr = msg.MCPAddr
-	}
-	changed := false
-	for c, h := range msg.Holding {
-		if h.Epoch > m.maxEpoch[c] {
-			m.maxEpoch[c] = h.Epoch
-		}
-		old, ok := p.holding[c]
-		if !ok {
-			old.Ver = p.ver // a full state at least this new did not list it
-		}
-		if h.Ver > old.Ver {
-			p.holding[c] = h
-			changed = changed || old.Epoch != h.Epoch
-		}
-	}
-	if msg.Full && msg.Ver > p.ver {
-		p.ver = msg.Ver
-		for c, h := range p.holding {
-			if _, listed := msg.Holding[c]; !listed && h.Ver <= msg.Ver {
-				delete(p.holding, c) // released before this state
-				changed = changed || h.Epoch > 0
-			}
-		}
-	}
-	if changed {
-		m.notifyLocked()
-	}
-}
-
-type delegate struct{ m *Members }
-
-// NodeMeta carries the replica's MCP address, so peers know it from the join on.
-func (d delegate) NodeMeta(limit int) []byte {
-	if len(d.m.cfg.MCPAddr) > limit {
+// Status returns the replica view (nil before Start).
+func (l *Layer) Status() *api.ReplicaStatus {
+	m := l.members()
+	if m == nil {
 		return nil
 	}
-	return []byte(d.m.cfg.MCPAddr)
+	st := &api.ReplicaStatus{Self: l.cfg.Name, Authorities: map[string]api.Holder{}, Runs: []string{}, Following: map[string]string{}}
+	for _, r := range m.Replicas() {
+		st.Replicas = append(st.Replicas, api.Replica{Name: r.Name, MCPAddr: r.MCPAddr, Holding: r.Holding})
+	}
+	for c, a := range m.Authorities() {
+		st.Authorities[c] = holder(a)
+	}
+	l.mu.Lock()
+	for k := range l.runs {
+		st.Runs = append(st.Runs, k)
+	}
+	for c, from := range l.following {
+		st.Following[c] = from
+	}
+	l.mu.Unlock()
+	sort.Strings(st.Runs)
+	return st
 }
 
-func (d delegate) NotifyMsg(b []byte) { d.m.merge(b) }
-
-func (d delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	return d.m.queue.GetBroadcasts(overhead, limit)
+func holder(a membership.Authority) api.Holder {
+	return api.Holder{Replica: a.Replica, MCPAddr: a.MCPAddr, Epoch: a.Epoch}
 }
 
-// LocalState is this replica's own full state, for push/pull (TCP, any size).
-func (d delegate) LocalState(bool) []byte {
-	d.m.mu.Lock()
-	defer d.m.mu.Unlock()
-	return d.m.fullLocked(false)
-}
-
-func (d delegate) MergeRemoteState(b []byte, _ bool) { d.m.merge(b) }
-
-type events struct{ m *Members }
-
-// NotifyJoin forgets that a (re)joining replica had gone. memberlist calls the event
-// methods with its own lock held: they take only m.mu and never call memberlist.
-func (e events) NotifyJoin(n *memberlist.Node) {
-	e.m.mu.Lock()
-	defer e.m.mu.Unlock()
-	delete(e.m.gone, n.Name)
-	if n.Name == e.m.cfg.Name {
+// DescribeCluster adds which replica holds the cluster.
+func (l *Layer) DescribeCluster(st *api.ClusterStatus) {
+	m := l.members()
+	if m == nil {
 		return
 	}
-	if p, ok := e.m.peers[n.Name]; ok {
-		p.mcpAddr = string(n.Meta)
-	}
-	// Exchange full states now: what the peer sent while it was still gone here (a healed
-	// split, a quick restart) was dropped, and the next push/pull may be far off.
-	e.m.enqueue(outgoing{to: n.Name, msg: e.m.fullLocked(true)})
-	if _, ok := e.m.peers[n.Name]; !ok {
-		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}}
-		e.m.live.Store(int32(len(e.m.peers) + 1))
-		e.m.log.Info("replica joined", "peer", n.Name, "mcp_addr", string(n.Meta))
-		e.m.notifyLocked()
+	if a, ok := m.Authorities()[st.Name]; ok {
+		h := holder(a)
+		st.HeldBy = &h
 	}
 }
 
-// NotifyLeave drops a replica that left or was declared dead, with its holdings.
-func (e events) NotifyLeave(n *memberlist.Node) {
-	e.m.mu.Lock()
-	defer e.m.mu.Unlock()
-	if n.Name == e.m.cfg.Name {
-		return
+// GossipAddr returns the replica's bound gossip address ("" before Start).
+func (l *Layer) GossipAddr() string {
+	if m := l.members(); m != nil {
+		return m.Addr()
 	}
-	e.m.gone[n.Name] = departed{addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), at: time.Now()}
-	if _, ok := e.m.peers[n.Name]; ok {
-		delete(e.m.peers, n.Name)
-		e.m.live.Store(int32(len(e.m.peers) + 1))
-		e.m.log.Warn("replica left or died", "peer", n.Name)
-		e.m.notifyLocked()
-	}
+	return ""
 }
-
-func (e events) NotifyUpdate(n *memberlist.Node) {
-	e.m.mu.Lock()
-	defer e.m.mu.Unlock()
-	if p, ok := e.m.peers[n.Name]; ok && n.Name != e.m.cfg.Name {
-		p.mcpAddr = string(n.Meta)
-	}
-}
-
-// broadcast is one replica's change of one cluster; a newer one replaces it in the queue.
-type broadcast struct {
-	name, cluster string
-	msg           []byte
-}
-
-func (b broadcast) Invalidates(o memberlist.Broadcast) bool {
-	ob, ok := o.(broadcast)
-	return ok && ob.name == b.name && ob.cluster == b.cluster
-}
-func (b broadcast) Message() []byte { return b.msg }
-func (b broadcast) Finished()       {}

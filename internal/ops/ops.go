@@ -1,5 +1,5 @@
 // Package ops holds what the hub and the minion share as programs, not as protocol: the
-// duration type of their YAML files and strict YAML decoding, the HTTP server of their
+// duration and backoff types of their YAML files and strict YAML decoding, the HTTP server of their
 // operational endpoints (with pprof), and the watch of their configuration file.
 //
 // It knows nothing of MCP, clusters or sinks.
@@ -67,18 +67,75 @@ func (d *Duration) Check(field string) error {
 	return nil
 }
 
+// Backoff is a redial delay in a configuration file: exponential from Initial up to Max,
+// with full jitter.
+type Backoff struct {
+	// Initial is the first delay's upper bound.
+	Initial Duration `json:"initial,omitempty"`
+	// Max caps the delays.
+	Max Duration `json:"max,omitempty"`
+}
+
+// Check reports, naming field, a delay that does not parse, an Initial that is not
+// positive or a Max below it.
+func (b *Backoff) Check(field string) error {
+	if err := b.Initial.Check(field + ".initial"); err != nil {
+		return err
+	}
+	if err := b.Max.Check(field + ".max"); err != nil {
+		return err
+	}
+	if b.Initial.Duration <= 0 {
+		return fmt.Errorf("%s.initial: must be positive", field)
+	}
+	if b.Max.Duration < b.Initial.Duration {
+		return fmt.Errorf("%s: max %v is below initial %v", field, b.Max.Duration, b.Initial.Duration)
+	}
+	return nil
+}
+
 // DecodeStrict decodes YAML (or JSON) into v: duplicate keys and unknown fields are errors.
 func DecodeStrict(data []byte, v any) error {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return fmt.Errorf("not valid YAML: %v", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(js))
+	return DecodeJSONStrict(js, v)
+}
+
+// DecodeJSONStrict decodes JSON into v, unknown fields being errors: for a section's
+// UnmarshalJSON that starts from the section's defaults. A value of the wrong type is
+// reported with its field's path: "warmUp: want a string, not a number".
+func DecodeJSONStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return errors.New(strings.TrimPrefix(err.Error(), "json: "))
+	err := dec.Decode(v)
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &te) && te.Field != "":
+		return &FieldError{Field: te.Field, Err: fmt.Errorf("want a %s, not a %s", te.Type, te.Value)}
 	}
-	return nil
+	return errors.New(strings.TrimPrefix(err.Error(), "json: "))
+}
+
+// FieldError is a problem with one field of a configuration file.
+type FieldError struct {
+	// Field is the field's path ("warmUp", "replicas.gossip").
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// InSection puts an error of a section's decoding under the section's name.
+func InSection(section string, err error) error {
+	if fe := (*FieldError)(nil); errors.As(err, &fe) {
+		return &FieldError{Field: section + "." + fe.Field, Err: fe.Err}
+	}
+	return fmt.Errorf("%s: %w", section, err)
 }
 
 // AddPprof registers the pprof handlers under /debug/pprof/.

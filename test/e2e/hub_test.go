@@ -31,6 +31,8 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	admincli "github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
@@ -82,7 +84,7 @@ func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h, err := hub.New(cfg, logger(t).With("side", "hub"), nil)
+	h, err := hub.New(cfg, logger(t).With("side", "hub"), hub.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,9 +104,9 @@ func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 // minionConfig is a minion configuration for cluster: source (an fs:// or k8s:// URL)
 // pushed to the hub at push (unless empty), with fast redials.
 func minionConfig(cluster, source, push string) *minion.Config {
-	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: source}}, Collections: []string{vs, dr},
-		Destinations: minion.DestinationsConfig{Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 20 * time.Millisecond}, Max: minion.Duration{Duration: 300 * time.Millisecond}}},
-		Insecure:     true}
+	cfg := minion.Defaults()
+	cfg.Cluster, cfg.Sources, cfg.Collections, cfg.Insecure, cfg.HTTP = cluster, []minion.SourceConfig{{URL: source}}, []string{vs, dr}, true, ""
+	cfg.Destinations.Backoff = ops.Backoff{Initial: ops.D(20 * time.Millisecond), Max: ops.D(300 * time.Millisecond)}
 	if push != "" {
 		cfg.Destinations.Push = []string{"push://" + push}
 	}
@@ -192,7 +194,7 @@ func (s *sinkClient) view(collection string) string {
 	defer s.mu.Unlock()
 	var out []string
 	for n, r := range s.state[collection] {
-		out = append(out, n+"@"+r.GetMetadata().GetAnnotations()[hub.OriginAnnotation])
+		out = append(out, n+"@"+r.GetMetadata().GetAnnotations()[api.OriginAnnotation])
 	}
 	sort.Strings(out)
 	return strings.Join(out, ",")
@@ -256,16 +258,15 @@ func getJSON(t *testing.T, url string, v any) {
 }
 
 func twoClusterConfig() *hub.Config {
-	cfg := &hub.Config{
-		Insecure: true,
-		Clusters: []hub.ClusterConfig{
-			{Name: "east", Identities: []string{"east"}, Namespaces: []string{"shop", "shared"}, Hosts: []string{"*.shop.example.com", "*.shared.example.com"}},
-			{Name: "west", Identities: []string{"west"}, Namespaces: []string{"pay", "shared"}, Hosts: []string{"*.pay.example.com", "*.shared.example.com"}},
-		},
-		SharedNamespaces: []string{"shared"},
-		Collections:      []string{vs, dr},
-		WarmUp:           hub.Duration{Duration: time.Minute},
+	cfg := hub.Defaults()
+	cfg.Insecure = true
+	cfg.Clusters = []hub.ClusterConfig{
+		{Name: "east", Identities: []string{"east"}, Namespaces: []string{"shop", "shared"}, Hosts: []string{"*.shop.example.com", "*.shared.example.com"}},
+		{Name: "west", Identities: []string{"west"}, Namespaces: []string{"pay", "shared"}, Hosts: []string{"*.pay.example.com", "*.shared.example.com"}},
 	}
+	cfg.SharedNamespaces = []string{"shared"}
+	cfg.Collections = []string{vs, dr}
+	cfg.WarmUp = hub.Duration{Duration: time.Minute}
 	cfg.Routing.Rules = []routing.Rule{
 		{Name: "east-only", NodeIDs: []string{"east-istiod"}, Clusters: []string{"east"}},
 		{Name: "all", NodeIDs: []string{"global-*"}},
@@ -315,7 +316,7 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	}
 
 	// Rejections: in the API, and back at the minion as NACK detail.
-	var clusters []hub.ClusterStatus
+	var clusters []api.ClusterStatus
 	getJSON(t, "http://"+admin+"/api/clusters", &clusters)
 	rej := clusters[0].Rejections[vs]
 	if clusters[0].Name != "east" || !strings.Contains(rej["pay/steal"], `namespace "pay" is not owned by cluster "east"`) ||
@@ -325,7 +326,7 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	if got := clusters[0].Conflicts[vs]["shared/common"]; got != "west" {
 		t.Errorf("east's lost conflicts = %v", clusters[0].Conflicts)
 	}
-	var conflicts []hub.Conflict
+	var conflicts []api.Conflict
 	getJSON(t, "http://"+admin+"/api/conflicts", &conflicts)
 	if len(conflicts) != 1 || conflicts[0].Winner != "west" || conflicts[0].Losers[0] != "east" || conflicts[0].Why != "older create_time" {
 		t.Errorf("conflicts = %+v", conflicts)
@@ -333,12 +334,12 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	if got := metric(t, h, "meshfed_hub_conflicts"); got != 1 {
 		t.Errorf("conflicts gauge = %v", got)
 	}
-	var owners hub.Owners
+	var owners api.Owners
 	getJSON(t, "http://"+admin+"/api/owners?host=x.pay.example.com", &owners)
 	if strings.Join(owners.Clusters, ",") != "west" {
 		t.Errorf("owners of x.pay.example.com = %v", owners.Clusters)
 	}
-	var sinks []hub.SinkStatus
+	var sinks []api.SinkStatus
 	waitFor(t, 10*time.Second, "sinks ACKed", func() bool {
 		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
 		acked := 0
@@ -354,7 +355,7 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 			t.Errorf("sink %+v: rules %v, want %s", s, s.Rules, want)
 		}
 	}
-	var dry hub.DryRun
+	var dry api.DryRun
 	getJSON(t, "http://"+admin+"/api/dryrun?node=east-istiod", &dry)
 	if strings.Join(dry.Rules, ",") != "east-only" || len(dry.Resources[vs]) != 1 || dry.Resources[vs]["shop/cart"] == "" {
 		t.Errorf("dry run = %+v", dry)
@@ -373,7 +374,7 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	var cd hub.DryRun
+	var cd api.DryRun
 	if err := json.Unmarshal(raw, &cd); err != nil {
 		t.Fatalf("%v: %s", err, raw)
 	}
@@ -412,7 +413,7 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	if out := run("whatif", "-node", "east-istiod"); !strings.Contains(out, "rules [east-only]") || !regexp.MustCompile(regexp.QuoteMeta(vs)+` +1\n`).MatchString(out) {
 		t.Errorf("hub whatif:\n%s", out)
 	}
-	var whyJSON hub.Why
+	var whyJSON api.Why
 	if err := json.Unmarshal([]byte(run("why", "-o", "json", vs, "pay/api")), &whyJSON); err != nil || whyJSON.Served == nil || whyJSON.Served.Cluster != "west" {
 		t.Errorf("hub why -o json: %+v %v", whyJSON, err)
 	}
@@ -528,7 +529,7 @@ func TestHubServesMCPOverXDS(t *testing.T) {
 			if err := proto.Unmarshal(a.GetValue(), &res); err != nil {
 				t.Fatal(err)
 			}
-			names = append(names, res.GetMetadata().GetName()+"@"+res.GetMetadata().GetAnnotations()[hub.OriginAnnotation])
+			names = append(names, res.GetMetadata().GetName()+"@"+res.GetMetadata().GetAnnotations()[api.OriginAnnotation])
 		}
 		got[r.GetTypeUrl()] = strings.Join(names, ",")
 		if err := st.Send(&discoverypb.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(), VersionInfo: r.GetVersionInfo()}); err != nil {
@@ -563,7 +564,7 @@ func TestHubPollsAndDialsOut(t *testing.T) {
 	cfg := twoClusterConfig()
 	cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: eastAddr}}
 	cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: sinkAddr, NodeID: "global-dialed"}}
-	cfg.Backoff = hub.BackoffConfig{Initial: hub.Duration{Duration: 20 * time.Millisecond}, Max: hub.Duration{Duration: 200 * time.Millisecond}}
+	cfg.Backoff = ops.Backoff{Initial: ops.D(20 * time.Millisecond), Max: ops.D(200 * time.Millisecond)}
 	h := runHub(t, cfg)
 	ingest, _, _ := h.Addrs()
 	runMinion(t, "west", west, ingest)
@@ -683,7 +684,7 @@ func TestHubReload(t *testing.T) {
 	if err != nil || res.ClosedSinks != 1 {
 		t.Fatalf("rename reload: %+v, %v", res, err)
 	}
-	var sinks []hub.SinkStatus
+	var sinks []api.SinkStatus
 	_, _, admin := h.Addrs()
 	waitFor(t, 10*time.Second, "the renamed rule's sink back", func() bool {
 		getJSON(t, "http://"+admin+"/api/sinks", &sinks)

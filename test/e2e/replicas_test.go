@@ -22,6 +22,9 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/replicas"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -31,23 +34,34 @@ func replicaConfig(name string, seeds ...string) *hub.Config {
 	cfg := twoClusterConfig()
 	// Short probes: memberlist's last probe goroutine outlives Shutdown by up to a probe
 	// interval, and goleak checks for it at the end of the package.
-	cfg.Replicas = &hub.ReplicasConfig{Name: name, Gossip: "127.0.0.1:0", Seeds: seeds, Profile: "local",
-		ProbeInterval: hub.Duration{Duration: 200 * time.Millisecond}}
+	cfg.Replicas = hub.DefaultReplicas()
+	cfg.Replicas.Name, cfg.Replicas.Gossip, cfg.Replicas.Seeds, cfg.Replicas.Profile = name, "127.0.0.1:0", seeds, "local"
+	cfg.Replicas.ProbeInterval = hub.Duration{Duration: 200 * time.Millisecond}
 	cfg.WarmUp = hub.Duration{Duration: 20 * time.Second}
 	return cfg
 }
 
+// replicaHub is a hub with the replica layer plugged in.
+type replicaHub struct {
+	*hub.Hub
+	layer *replicas.Layer
+}
+
+func (r replicaHub) Replicas() *api.ReplicaStatus { return r.layer.Status() }
+func (r replicaHub) GossipAddr() string           { return r.layer.GossipAddr() }
+
 // startReplica runs a replica hub until stop is called or the test ends.
-func startReplica(t *testing.T, cfg *hub.Config) (h *hub.Hub, stop func()) {
+func startReplica(t *testing.T, cfg *hub.Config) (h replicaHub, stop func()) {
 	t.Helper()
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", ""
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h, err := hub.New(cfg, logger(t).With("side", "hub-"+cfg.Replicas.Name), nil)
+	core, layer, err := replicas.New(cfg, logger(t).With("side", "hub-"+cfg.Replicas.Name), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	h = replicaHub{core, layer}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
@@ -67,7 +81,7 @@ func startReplica(t *testing.T, cfg *hub.Config) (h *hub.Hub, stop func()) {
 	return h, stop
 }
 
-func gossipAddr(t *testing.T, h *hub.Hub) string {
+func gossipAddr(t *testing.T, h replicaHub) string {
 	t.Helper()
 	return h.GossipAddr()
 }
@@ -80,7 +94,7 @@ func TestReplicasInProcess(t *testing.T) {
 	seed := gossipAddr(t, a)
 	b, stopB := startReplica(t, replicaConfig("b", seed))
 	c, _ := startReplica(t, replicaConfig("c", seed))
-	all := []*hub.Hub{a, b, c}
+	all := []replicaHub{a, b, c}
 	waitFor(t, 10*time.Second, "three replicas", func() bool {
 		for _, h := range all {
 			if len(h.Replicas().Replicas) != 3 {
@@ -93,8 +107,8 @@ func TestReplicasInProcess(t *testing.T) {
 	eastDir, westDir := t.TempDir(), t.TempDir()
 	writeFile(t, eastDir, "shop/a.yaml", vsYAML("a", "shop", "", "a.shop.example.com"))
 	writeFile(t, westDir, "pay/b.yaml", vsYAML("b", "pay", "", "b.pay.example.com"))
-	ingest := func(h *hub.Hub) string { i, _, _ := h.Addrs(); return i }
-	serve := func(h *hub.Hub) string { _, s, _ := h.Addrs(); return s }
+	ingest := func(h replicaHub) string { i, _, _ := h.Addrs(); return i }
+	serve := func(h replicaHub) string { _, s, _ := h.Addrs(); return s }
 	_, stopEast := runMinion(t, "east", eastDir, ingest(a))
 	runMinion(t, "west", westDir, ingest(b))
 
@@ -114,7 +128,7 @@ func TestReplicasInProcess(t *testing.T) {
 		}
 	}
 	waitFor(t, 20*time.Second, "every sink sees both clusters", converged(want))
-	held := func(h *hub.Hub, cluster string) string {
+	held := func(h replicaHub, cluster string) string {
 		for _, cs := range h.Clusters() {
 			if cs.Name == cluster && cs.HeldBy != nil {
 				return cs.HeldBy.Replica
@@ -130,7 +144,7 @@ func TestReplicasInProcess(t *testing.T) {
 		return f["east"] == "a" && f["west"] == "b"
 	})
 	waitFor(t, 5*time.Second, "c's metrics: three replicas, two follows started", func() bool {
-		return metric(t, c, "meshfed_hub_replicas") == 3 && metric(t, c, "meshfed_hub_follows_started_total") >= 2
+		return metric(t, c.Hub, "meshfed_hub_replicas") == 3 && metric(t, c.Hub, "meshfed_hub_follows_started_total") >= 2
 	})
 
 	// East's minion moves from a to c, with a change made on the way.
@@ -191,7 +205,7 @@ func TestReplicaPeerStreamsRefused(t *testing.T) {
 		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), hub.DevIdentityHeader, tc.identity), 10*time.Second)
 		st, err := mcppb.NewResourceSourceClient(conn).EstablishResourceStream(ctx)
 		if err == nil {
-			err = st.Send(&mcppb.RequestResources{Collection: vs, SinkNode: &mcppb.SinkNode{Id: "x", Annotations: map[string]string{hub.ForwardClusterAnnotation: tc.cluster}}})
+			err = st.Send(&mcppb.RequestResources{Collection: vs, SinkNode: &mcppb.SinkNode{Id: "x", Annotations: map[string]string{replicas.ForwardClusterAnnotation: tc.cluster}}})
 		}
 		var m *mcppb.Resources
 		if err == nil || errors.Is(err, io.EOF) { // a refused stream's reason comes with Recv
@@ -259,7 +273,7 @@ func TestReplicaSessions(t *testing.T) {
 	defer cancel()
 	st, err := mcppb.NewResourceSourceClient(conn).EstablishResourceStream(ctx)
 	if err == nil {
-		err = st.Send(&mcppb.RequestResources{Collection: vs, SinkNode: &mcppb.SinkNode{Id: "b", Annotations: map[string]string{hub.ForwardClusterAnnotation: "east"}}})
+		err = st.Send(&mcppb.RequestResources{Collection: vs, SinkNode: &mcppb.SinkNode{Id: "b", Annotations: map[string]string{replicas.ForwardClusterAnnotation: "east"}}})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -319,16 +333,16 @@ func TestReplicasShareDialOuts(t *testing.T) {
 		cfg := replicaConfig(name, seeds...)
 		cfg.Poll = []hub.PollCluster{{Cluster: "east", Addr: eastAddr}}
 		cfg.DialSinks = []hub.DialSink{{Name: "listener", Addr: sinkAddr, NodeID: "global-dialed"}}
-		cfg.Backoff = hub.BackoffConfig{Initial: hub.Duration{Duration: 20 * time.Millisecond}, Max: hub.Duration{Duration: 200 * time.Millisecond}}
+		cfg.Backoff = ops.Backoff{Initial: ops.D(20 * time.Millisecond), Max: ops.D(200 * time.Millisecond)}
 		return cfg
 	}
 	a, stopA := startReplica(t, config("a"))
 	b, stopB := startReplica(t, config("b", a.GossipAddr()))
 	c, stopC := startReplica(t, config("c", a.GossipAddr()))
-	replicas := map[string]*hub.Hub{"a": a, "b": b, "c": c}
+	byName := map[string]replicaHub{"a": a, "b": b, "c": c}
 	stops := map[string]func(){"a": stopA, "b": stopB, "c": stopC}
 	var ingests []string
-	for _, h := range []*hub.Hub{a, b, c} {
+	for _, h := range []replicaHub{a, b, c} {
 		i, _, _ := h.Addrs()
 		ingests = append(ingests, i)
 	}
@@ -337,7 +351,7 @@ func TestReplicasShareDialOuts(t *testing.T) {
 	// runner returns which live replicas run task.
 	runner := func(task string) []string {
 		var out []string
-		for name, h := range replicas {
+		for name, h := range byName {
 			for _, r := range h.Replicas().Runs {
 				if r == task {
 					out = append(out, name)
@@ -347,8 +361,8 @@ func TestReplicasShareDialOuts(t *testing.T) {
 		return out
 	}
 	settled := func() bool {
-		for _, h := range replicas {
-			if len(h.Replicas().Replicas) != len(replicas) {
+		for _, h := range byName {
+			if len(h.Replicas().Replicas) != len(byName) {
 				return false
 			}
 		}
@@ -359,7 +373,7 @@ func TestReplicasShareDialOuts(t *testing.T) {
 
 	gone := runner("dialSink/listener")[0]
 	stops[gone]()
-	delete(replicas, gone)
+	delete(byName, gone)
 	waitFor(t, 30*time.Second, "another replica dials the sink, one polls east", settled)
 	writeFile(t, east, "shop/more.yaml", vsYAML("more", "shop", "", "more.shop.example.com"))
 	waitFor(t, 20*time.Second, "a polled change reaches the dialed sink", func() bool {

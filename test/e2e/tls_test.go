@@ -22,9 +22,9 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	admincli "github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
-	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
 	"github.com/meshfed/meshfed/tls/tlstest"
@@ -90,7 +90,7 @@ func tlsMinion(t *testing.T, p *pki, cluster, root, ingest string) func() {
 	t.Helper()
 	c, k, _ := p.ca.Issue(t, p.dir, "minion-"+cluster, hub.ClusterIdentity(td, cluster))
 	cfg := minionConfig(cluster, "fs://"+root, ingest)
-	cfg.TLS, cfg.Insecure = &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: p.bundle}, false
+	cfg.TLS, cfg.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: c, Key: k, CA: p.bundle}}, false
 	_, stop := startMinion(t, cfg)
 	return stop
 }
@@ -100,17 +100,16 @@ func tlsMinion(t *testing.T, p *pki, cluster, root, ingest string) func() {
 func TestTLSRefusals(t *testing.T) {
 	p := newPKI(t)
 	hc, hk, _ := p.ca.Issue(t, p.dir, "hub", "127.0.0.1", "spiffe://"+td+"/hub/h1")
-	cfg := &hub.Config{
-		TLS:         &hub.TLSConfig{CertFile: hc, KeyFile: hk, CAFile: p.bundle},
-		TrustDomain: td,
-		Clusters: []hub.ClusterConfig{
-			{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*.shop.example.com"}},
-			{Name: "west", Namespaces: []string{"pay"}, Hosts: []string{"*.pay.example.com"}},
-		},
-		Collections: []string{vs, dr},
-		WarmUp:      hub.Duration{Duration: time.Minute},
-		Routing:     routing.Config{Rules: []routing.Rule{{Name: "prod", Identities: []string{hub.SinkIdentity(td, "prod-*")}, Collections: []string{vs}}}},
+	cfg := hub.Defaults()
+	cfg.TLS = &meshtls.Config{Files: meshtls.Files{Cert: hc, Key: hk, CA: p.bundle}}
+	cfg.TrustDomain = td
+	cfg.Clusters = []hub.ClusterConfig{
+		{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*.shop.example.com"}},
+		{Name: "west", Namespaces: []string{"pay"}, Hosts: []string{"*.pay.example.com"}},
 	}
+	cfg.Collections = []string{vs, dr}
+	cfg.WarmUp = hub.Duration{Duration: time.Minute}
+	cfg.Routing = routing.Config{Rules: []routing.Rule{{Name: "prod", Identities: []string{hub.SinkIdentity(td, "prod-*")}, Collections: []string{vs}}}}
 	h := runHub(t, cfg)
 	ingest, serve, admin := h.Addrs()
 
@@ -154,7 +153,7 @@ func TestTLSRefusals(t *testing.T) {
 	}
 
 	counts := func() string {
-		var cl []hub.ClusterStatus
+		var cl []api.ClusterStatus
 		getJSON(t, "http://"+admin+"/api/clusters", &cl)
 		return fmt.Sprint(cl[0].Resources, cl[1].Resources)
 	}
@@ -214,7 +213,7 @@ func TestTLSRefusals(t *testing.T) {
 		t.Errorf("a cluster certificate subscribing: %v", err)
 	}
 	// A known cluster publishing a host it does not own: refused, not stored.
-	var cl []hub.ClusterStatus
+	var cl []api.ClusterStatus
 	getJSON(t, "http://"+admin+"/api/clusters", &cl)
 	if !strings.Contains(cl[0].Rejections[vs]["shop/hijack"], `host "api.pay.example.com" is not owned by cluster "east"`) {
 		t.Errorf("east's rejections: %v", cl[0].Rejections)
@@ -249,10 +248,12 @@ func TestTLSRefusals(t *testing.T) {
 func TestDevCA(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 	newCfg := func() *hub.Config {
-		return &hub.Config{DevCA: true, StateDir: state,
-			Clusters:    []hub.ClusterConfig{{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*"}}},
-			Collections: []string{vs, dr}, WarmUp: hub.Duration{Duration: time.Minute},
-			Routing: routing.Config{Default: &routing.Rule{Name: "all"}}}
+		c := hub.Defaults()
+		c.DevCA, c.StateDir = true, state
+		c.Clusters = []hub.ClusterConfig{{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*"}}}
+		c.Collections, c.WarmUp = []string{vs, dr}, hub.Duration{Duration: time.Minute}
+		c.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
+		return c
 	}
 	h := runHub(t, newCfg())
 	ingest, serve, _ := h.Addrs()
@@ -274,7 +275,7 @@ func TestDevCA(t *testing.T) {
 	writeFile(t, root, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
 	mcfg := minionConfig("east", "fs://"+root, ingest)
 	mcfg.Insecure = false
-	mcfg.TLS = &minion.TLSConfig{CertFile: filepath.Join(certs, "east.crt"), KeyFile: filepath.Join(certs, "east.key"), CAFile: filepath.Join(certs, "ca.crt")}
+	mcfg.TLS = &meshtls.Config{Files: meshtls.Files{Cert: filepath.Join(certs, "east.crt"), Key: filepath.Join(certs, "east.key"), CA: filepath.Join(certs, "ca.crt")}}
 	startMinion(t, mcfg)
 	waitFor(t, 20*time.Second, "ready with the development CA", h.Ready)
 
@@ -295,7 +296,7 @@ func TestDevCA(t *testing.T) {
 	waitFor(t, 10*time.Second, "the sink's view", func() bool { return sink.view(vs) == "shop/cart@east" })
 
 	// A second hub on the same state directory reuses the CA.
-	if _, err := hub.New(newCfg(), logger(t), nil); err != nil {
+	if _, err := hub.New(newCfg(), logger(t), hub.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	again, err := os.ReadFile(filepath.Join(state, "ca", "ca.crt"))

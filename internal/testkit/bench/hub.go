@@ -36,9 +36,11 @@ type benchHub struct {
 }
 
 func startHub(clusters int) (*benchHub, error) {
-	cfg := &hub.Config{Insecure: true, Ingest: "127.0.0.1:0", Serve: "127.0.0.1:0", Collections: []string{hubCollection},
-		Routing: routing.Config{Default: &routing.Rule{Name: "all"}}, WarmUp: hub.Duration{Duration: time.Minute},
-		Limits: hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}}
+	cfg := hub.Defaults()
+	cfg.Insecure, cfg.Ingest, cfg.Serve, cfg.Collections = true, "127.0.0.1:0", "127.0.0.1:0", []string{hubCollection}
+	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
+	cfg.WarmUp = hub.Duration{Duration: time.Minute}
+	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}
 	for i := range clusters {
 		name := fmt.Sprintf("c%03d", i)
 		ns := "*"
@@ -50,7 +52,7 @@ func startHub(clusters int) (*benchHub, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	h, err := hub.New(cfg, quietLogger(), nil)
+	h, err := hub.New(cfg, quietLogger(), hub.Options{})
 	if err != nil {
 		return nil, err
 	}

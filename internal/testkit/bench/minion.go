@@ -229,9 +229,11 @@ func KubeInitialSync(n int, repoRoot string) (res SyncResult, err error) {
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
-	cfg := &minion.Config{Cluster: "bench", Sources: []minion.SourceConfig{{URL: "k8s://" + env.Kubeconfig(sa)}},
-		Collections:  []string{vsCollection},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + lis.Addr().String()}}, Insecure: true}
+	cfg := minion.Defaults()
+	cfg.Cluster, cfg.Insecure, cfg.HTTP = "bench", true, ""
+	cfg.Sources = []minion.SourceConfig{{URL: "k8s://" + env.Kubeconfig(sa)}}
+	cfg.Collections = []string{vsCollection}
+	cfg.Destinations.Push = []string{"push://" + lis.Addr().String()}
 	if err := cfg.Validate(); err != nil {
 		return res, err
 	}

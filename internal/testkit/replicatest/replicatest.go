@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/minion"
@@ -172,19 +174,18 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 	if w.net != nil {
 		host = w.net.IP(name)
 	}
-	cfg := &hub.Config{
-		Ingest: host + ":0", Serve: host + ":0", HTTP: host + ":0",
-		TrustDomain: TrustDomain,
-		StateDir:    filepath.Join(w.Dir, "state-"+name),
-		Collections: []string{Collection},
-		WarmUp:      hub.Duration{Duration: w.opts.WarmUp},
-		Backoff:     hub.BackoffConfig{Initial: hub.Duration{Duration: 50 * time.Millisecond}, Max: hub.Duration{Duration: 500 * time.Millisecond}},
-		Staleness:   hub.StalenessConfig{Default: w.opts.Staleness},
-		Limits:      hub.LimitsConfig{StreamsPerSecond: 1000, StreamBurst: 5000},
-		Replicas: &hub.ReplicasConfig{Name: name, Gossip: host + ":0", Seeds: seeds, KeyFile: w.key, Profile: "local",
-			ProbeInterval: hub.Duration{Duration: w.opts.ProbeInterval}, RejoinInterval: hub.Duration{Duration: time.Second},
-			GossipInterval: hub.Duration{Duration: 50 * time.Millisecond}},
-	}
+	cfg := hub.Defaults()
+	cfg.Ingest, cfg.Serve, cfg.HTTP = host+":0", host+":0", host+":0"
+	cfg.TrustDomain = TrustDomain
+	cfg.StateDir = filepath.Join(w.Dir, "state-"+name)
+	cfg.Collections = []string{Collection}
+	cfg.WarmUp = ops.D(w.opts.WarmUp)
+	cfg.Backoff = ops.Backoff{Initial: ops.D(50 * time.Millisecond), Max: ops.D(500 * time.Millisecond)}
+	cfg.Staleness = hub.StalenessConfig{Default: w.opts.Staleness}
+	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1000, StreamBurst: 5000}
+	cfg.Replicas = hub.DefaultReplicas()
+	cfg.Replicas.Name, cfg.Replicas.Gossip, cfg.Replicas.Seeds, cfg.Replicas.KeyFile, cfg.Replicas.Profile = name, host+":0", seeds, w.key, "local"
+	cfg.Replicas.ProbeInterval, cfg.Replicas.RejoinInterval, cfg.Replicas.GossipInterval = ops.D(w.opts.ProbeInterval), ops.D(time.Second), ops.D(50*time.Millisecond)
 	switch {
 	case addrs != nil: // a restart keeps its addresses
 		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = addrs.Ingest, addrs.Serve, addrs.HTTP, addrs.Gossip
@@ -195,7 +196,7 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 		cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.Replicas.Gossip = FreeAddr(w.tb, false), FreeAddr(w.tb, false), FreeAddr(w.tb, false), FreeAddr(w.tb, true)
 	}
 	c, k, _ := w.ca.Issue(w.tb, w.Dir, "hub-"+name, host, "spiffe://"+TrustDomain+"/hub/"+name)
-	cfg.TLS = &hub.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}
+	cfg.TLS = &meshtls.Config{Files: meshtls.Files{Cert: c, Key: k, CA: w.bundle}}
 	var odd, even []string
 	for i := 1; i <= w.opts.Clusters; i++ {
 		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: ClusterName(i), Namespaces: []string{"ns-" + ClusterName(i)},
@@ -374,7 +375,7 @@ func (h *Hub) Get(path string, v any) error {
 
 // HeldBy returns which replica holds each cluster, as this replica sees it.
 func (h *Hub) HeldBy() (map[string]string, error) {
-	var cs []hub.ClusterStatus
+	var cs []api.ClusterStatus
 	if err := h.Get("/api/clusters", &cs); err != nil {
 		return nil, err
 	}
@@ -389,7 +390,7 @@ func (h *Hub) HeldBy() (map[string]string, error) {
 
 // SinkCount returns how many sinks are connected to the replica.
 func (h *Hub) SinkCount() (int, error) {
-	var ss []hub.SinkStatus
+	var ss []api.SinkStatus
 	err := h.Get("/api/sinks", &ss)
 	return len(ss), err
 }
@@ -428,11 +429,14 @@ func (w *World) StartMinion(cluster string, prefer ...*Hub) *Minion {
 		addrs = append(addrs, h.Ingest)
 	}
 	c, k, _ := w.ca.Issue(w.tb, w.Dir, "minion-"+cluster, "spiffe://"+TrustDomain+"/cluster/"+cluster)
-	cfg := &minion.Config{Cluster: cluster, Sources: []minion.SourceConfig{{URL: "fs://" + filepath.Join(w.Dir, "clusters", cluster)}},
-		Collections: []string{Collection},
-		Destinations: minion.DestinationsConfig{Push: []string{"push://" + strings.Join(addrs, ",")},
-			Backoff: minion.BackoffConfig{Initial: minion.Duration{Duration: 50 * time.Millisecond}, Max: minion.Duration{Duration: 500 * time.Millisecond}}},
-		HTTP: "127.0.0.1:0", TLS: &minion.TLSConfig{CertFile: c, KeyFile: k, CAFile: w.bundle}}
+	cfg := minion.Defaults()
+	cfg.Cluster = cluster
+	cfg.Sources = []minion.SourceConfig{{URL: "fs://" + filepath.Join(w.Dir, "clusters", cluster)}}
+	cfg.Collections = []string{Collection}
+	cfg.Destinations.Push = []string{"push://" + strings.Join(addrs, ",")}
+	cfg.Destinations.Backoff = ops.Backoff{Initial: ops.D(50 * time.Millisecond), Max: ops.D(500 * time.Millisecond)}
+	cfg.HTTP = "127.0.0.1:0"
+	cfg.TLS = &meshtls.Config{Files: meshtls.Files{Cert: c, Key: k, CA: w.bundle}}
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		w.tb.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
-	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -149,7 +149,7 @@ func (s *Sink) Names() string {
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.state))
 	for n, r := range s.state {
-		out = append(out, n+"@"+r.GetMetadata().GetAnnotations()[hub.OriginAnnotation])
+		out = append(out, n+"@"+r.GetMetadata().GetAnnotations()[api.OriginAnnotation])
 	}
 	sort.Strings(out)
 	return strings.Join(out, " ")

@@ -1,4 +1,4 @@
-package replicas
+package membership
 
 import (
 	"crypto/rand"

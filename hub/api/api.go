@@ -1,0 +1,188 @@
+// Package api is the contract of the hub's admin API: every JSON document its HTTP
+// endpoints return, which the operator's commands (package hub/admin) read, and the
+// annotation every served resource carries. The hub serves these types; nothing here
+// serves, stores or decides anything, so a client links only this package.
+//
+// Endpoints, all GET unless said, JSON:
+//
+//	/api/clusters                     []ClusterStatus
+//	/api/sinks                        []SinkStatus
+//	/api/conflicts                    []Conflict
+//	/api/why?collection=C&name=N      Why
+//	/api/owners?host=H | ?namespace=N Owners
+//	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
+//	/api/replicas                     ReplicaStatus (404 on a single hub)
+package api
+
+import "time"
+
+// OriginAnnotation is set on every served resource to the name of the cluster it came from.
+const OriginAnnotation = "meshfed.io/origin-cluster"
+
+// ClusterStatus is one configured cluster.
+type ClusterStatus struct {
+	Name string `json:"name"`
+	// Connected: a stream carrying the cluster's state is open (its minion's, pushed or
+	// polled, or, with replicas, one from the replica holding it).
+	Connected bool `json:"connected"`
+	Streams   int  `json:"streams"`
+	// Synced: a stream has delivered every collection since the hub started (or since the
+	// cluster was added to the configuration).
+	Synced      bool           `json:"synced"`
+	LastContact *time.Time     `json:"lastContact,omitempty"`
+	Resources   map[string]int `json:"resources"`
+	// Rejections are resources refused by the ACL (or malformed), by collection and name,
+	// with the reason. They are not stored and never served.
+	Rejections map[string]map[string]string `json:"rejections,omitempty"`
+	// Conflicts are resources held but not served because another cluster's resource of
+	// the same collection/name wins: collection -> name -> the winning cluster.
+	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+	// HeldBy is, with replicas, the replica holding the cluster's newest minion session
+	// (every other replica follows the cluster from it); absent when none holds it.
+	HeldBy *Holder `json:"heldBy,omitempty"`
+}
+
+// Holder is the replica holding a cluster's newest minion session, and that session's
+// epoch.
+type Holder struct {
+	Replica string `json:"replica"`
+	MCPAddr string `json:"mcpAddr"`
+	Epoch   uint64 `json:"epoch"`
+}
+
+// SinkStatus is one connected MCP sink.
+type SinkStatus struct {
+	Stream uint64 `json:"stream"`
+	Peer   string `json:"peer"`
+	// Transport is "server" (it dialed in) or "client" (the hub dialed it).
+	Transport string `json:"transport"`
+	Identity  string `json:"identity"`
+	// NodeID and Annotations are what its SinkNode says.
+	NodeID      string            `json:"nodeId"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// Rules are the routing rules that select it (its identity, and the node id its
+	// certificate names when the hub has a trust domain).
+	Rules       []string                   `json:"rules"`
+	Since       time.Time                  `json:"since"`
+	Collections map[string]*SinkCollection `json:"collections"`
+}
+
+// SinkCollection is a sink's state for one collection.
+type SinkCollection struct {
+	// PushedVersion is the view's version last pushed, AckedVersion the last one it ACKed.
+	PushedVersion uint64 `json:"pushedVersion"`
+	AckedVersion  uint64 `json:"ackedVersion"`
+	// Pending: a push awaits its ACK.
+	Pending bool `json:"pending"`
+	// LastNACK is the reason of the last NACK, if any, and its version.
+	LastNACK      string    `json:"lastNack,omitempty"`
+	NACKedVersion uint64    `json:"nackedVersion,omitempty"`
+	Resources     int       `json:"resources"`
+	LastPush      time.Time `json:"lastPush"`
+}
+
+// Conflict is one collection/name published by several clusters.
+type Conflict struct {
+	Collection string   `json:"collection"`
+	Name       string   `json:"name"`
+	Winner     string   `json:"winner"`
+	Losers     []string `json:"losers"`
+	// Why is the rule that picked the winner: "higher priority", "older create_time" or
+	// "lower cluster name".
+	Why string `json:"why"`
+}
+
+// Why explains one resource: who publishes it, which one is served and why, who was
+// refused and why, and which connected sinks receive it.
+type Why struct {
+	Collection string      `json:"collection"`
+	Name       string      `json:"name"`
+	Served     *Candidate  `json:"served"`
+	Candidates []Candidate `json:"candidates"`
+	// Conflict is the rule that picked the served one, when several publish it (as in
+	// Conflict.Why).
+	Conflict string    `json:"conflict,omitempty"`
+	Rejected []Refused `json:"rejected"`
+	Sinks    []WhySink `json:"sinks"`
+}
+
+// Candidate is one cluster's resource for a collection/name.
+type Candidate struct {
+	Cluster string `json:"cluster"`
+	// Version is the served form's: <cluster>/<version as received>.
+	Version string     `json:"version"`
+	Created *time.Time `json:"created,omitempty"`
+	Served  bool       `json:"served"`
+	// HeldBecause says, for a candidate that is not served, which cluster's copy is and
+	// why, with the values compared.
+	HeldBecause string `json:"heldBecause,omitempty"`
+}
+
+// Refused is one cluster's refused version of a resource.
+type Refused struct {
+	Cluster string `json:"cluster"`
+	Reason  string `json:"reason"`
+}
+
+// WhySink is a connected sink whose rules give it the resource.
+type WhySink struct {
+	Stream   uint64   `json:"stream"`
+	Identity string   `json:"identity"`
+	NodeID   string   `json:"nodeId"`
+	Rules    []string `json:"rules"`
+	// UpToDate: the sink has ACKed the latest push of the collection (so it holds the
+	// served version).
+	UpToDate bool `json:"upToDate"`
+	// NACK, when the sink refused the latest push of the collection, is its reason
+	// ("code: message"): it does not hold the served version.
+	NACK string `json:"nack,omitempty"`
+}
+
+// DryRun is what a sink with a given identity and SinkNode would receive — under the
+// running configuration, or under a candidate one, with the difference from what such a
+// sink receives now.
+type DryRun struct {
+	Identity    string            `json:"identity"`
+	NodeID      string            `json:"nodeId"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// Rules that select it (under the candidate configuration, if one was given).
+	Rules []string `json:"rules"`
+	// Resources it would receive: collection -> name -> served version.
+	Resources map[string]map[string]string `json:"resources"`
+	// Candidate is true when a candidate configuration was evaluated; then Added, Removed
+	// and Changed compare with what the running configuration gives it now.
+	Candidate bool                `json:"candidate"`
+	Added     map[string][]string `json:"added,omitempty"`
+	Removed   map[string][]string `json:"removed,omitempty"`
+	Changed   map[string][]string `json:"changed,omitempty"`
+}
+
+// Owners answers "who owns host X" and "what does namespace N belong to".
+type Owners struct {
+	Host      string   `json:"host,omitempty"`
+	Namespace string   `json:"namespace,omitempty"`
+	Clusters  []string `json:"clusters"`
+}
+
+// ReplicaStatus is the replica view of one replica.
+type ReplicaStatus struct {
+	// Self is this replica's name.
+	Self string `json:"self"`
+	// Replicas are the live replicas and the clusters each holds (with the epoch).
+	Replicas []Replica `json:"replicas"`
+	// Authorities maps each held cluster to the replica holding its newest session.
+	Authorities map[string]Holder `json:"authorities"`
+	// Runs are the dial-out tasks this replica runs: dialSink/<name>, poll/<cluster>.
+	Runs []string `json:"runs"`
+	// Following maps each cluster this replica follows to the replica it follows it from
+	// ("copy from a or b" for the copy of a cluster no replica holds).
+	Following map[string]string `json:"following"`
+}
+
+// Replica is one live replica.
+type Replica struct {
+	Name    string `json:"name"`
+	MCPAddr string `json:"mcpAddr"`
+	// Holding maps each cluster whose session it holds to the session's epoch.
+	Holding map[string]uint64 `json:"holding"`
+}

@@ -1,0 +1,298 @@
+package hub
+
+import (
+	"log/slog"
+	"maps"
+	"sort"
+	"sync"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// clusterState is the hub's state of one configured cluster beyond its resources (which
+// are in the store): its open sessions, whether it is connected and has synced, and what it
+// was refused. It exists from the cluster's entering the configuration (at start or by a
+// reload) until its leaving it (removeCluster), after which it is marked removed and
+// records nothing more.
+type clusterState struct {
+	name string
+	log  *slog.Logger
+	data *clusterData // its resources in the store
+
+	mu             sync.Mutex // guards the following fields
+	removed        bool
+	sessions       map[*Session]bool // open sessions, to close on a reload
+	connected      int               // open sessions that are not Away
+	lastContact    time.Time
+	disconnectedAt time.Time       // zero while connected (or never connected)
+	synced         bool            // a session has delivered every collection since the cluster was added
+	dropped        map[string]bool // collections dropped for staleness since the disconnect
+	rejections     map[string]map[string]string
+}
+
+// addClusterLocked brings a cluster into the hub's state. The caller holds clustersMu.
+func (h *Hub) addClusterLocked(name string) *clusterState {
+	cs := &clusterState{name: name, log: h.log.With("cluster", name), data: h.store.addCluster(name), sessions: map[*Session]bool{}}
+	h.clusters[name] = cs
+	return cs
+}
+
+// removeCluster takes a cluster that left the configuration out of every part of the hub:
+// its sessions are closed, its resources withdrawn from the views, its status, metrics and
+// place in the warm-up gone, and the layer told. It returns how many streams it closed.
+func (h *Hub) removeCluster(name string) int {
+	h.clustersMu.Lock()
+	cs := h.clusters[name]
+	delete(h.clusters, name)
+	h.clustersMu.Unlock()
+	if cs == nil {
+		return 0
+	}
+	cs.mu.Lock()
+	cs.removed = true
+	cs.mu.Unlock()
+	h.store.removeCluster(cs.data)
+	closed := cs.closeSessions()
+	h.metrics.forgetCluster(name)
+	h.layer.ClusterRemoved(name)
+	cs.log.Info("cluster removed from the configuration: its streams closed and its resources no longer served", "streams", closed)
+	return closed
+}
+
+// cluster returns a configured cluster's state, or nil.
+func (h *Hub) cluster(name string) *clusterState {
+	h.clustersMu.RLock()
+	defer h.clustersMu.RUnlock()
+	return h.clusters[name]
+}
+
+// clusterList returns the configured clusters' states, by name.
+func (h *Hub) clusterList() []*clusterState {
+	h.clustersMu.RLock()
+	out := make([]*clusterState, 0, len(h.clusters))
+	for _, cs := range h.clusters {
+		out = append(out, cs)
+	}
+	h.clustersMu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// ClusterNames returns the configured clusters' names, sorted.
+func (h *Hub) ClusterNames() []string {
+	cl := h.clusterList()
+	out := make([]string, len(cl))
+	for i, cs := range cl {
+		out[i] = cs.name
+	}
+	return out
+}
+
+// ClusterSynced reports whether cluster is configured and a session has delivered its
+// every collection since the hub started (or since the cluster was added).
+func (h *Hub) ClusterSynced(cluster string) bool {
+	cs := h.cluster(cluster)
+	if cs == nil {
+		return false
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.synced
+}
+
+// closeSessions ends the cluster's open sessions: its minion reconnects and resumes,
+// resending what the hub does not hold (after a reload that widened what it owns).
+func (cs *clusterState) closeSessions() int {
+	cs.mu.Lock()
+	var open []*Session
+	for s := range cs.sessions {
+		if s.info != nil {
+			open = append(open, s)
+		}
+	}
+	cs.mu.Unlock()
+	for _, s := range open {
+		s.info.Close()
+	}
+	return len(open)
+}
+
+// sessionOpened records a session's stream as open.
+func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
+	cs := s.cs
+	cs.mu.Lock()
+	if cs.removed {
+		cs.mu.Unlock()
+		info.Close()
+		return
+	}
+	s.info = info
+	cs.sessions[s] = true
+	cs.lastContact = h.now()
+	if !s.away {
+		cs.connected++
+		cs.disconnectedAt = time.Time{}
+		cs.dropped = nil
+	}
+	connected := cs.connected
+	cs.mu.Unlock()
+	if !s.away {
+		h.metrics.connected(cs.name, true)
+		cs.log.Info("cluster stream opened", "streams", connected)
+	}
+	h.layer.SessionOpened(s)
+}
+
+// sessionClosed records a session's stream as ended.
+func (h *Hub) sessionClosed(s *Session) {
+	cs := s.cs
+	cs.mu.Lock()
+	open := cs.sessions[s]
+	delete(cs.sessions, s)
+	removed := cs.removed
+	if open && !s.away {
+		cs.lastContact = h.now()
+		if cs.connected--; cs.connected == 0 {
+			cs.disconnectedAt = cs.lastContact
+		}
+	}
+	connected := cs.connected
+	cs.mu.Unlock()
+	if open && !s.away && !removed {
+		h.metrics.connected(cs.name, connected > 0)
+		cs.log.Info("cluster stream closed", "streams", connected)
+	}
+	if open {
+		h.layer.SessionClosed(s)
+	}
+}
+
+// delivered records that a session delivered collection; once it has delivered every
+// one (accepted or not: a permanently rejected resource must not hold the warm-up), the
+// cluster has synced and the layer is told.
+func (h *Hub) delivered(s *Session, collection string) {
+	cs := s.cs
+	cs.mu.Lock()
+	before := len(s.delivered)
+	s.delivered[collection] = true
+	complete := before < len(h.cfg.Collections) && len(s.delivered) == len(h.cfg.Collections)
+	newly := complete && !cs.synced && !cs.removed
+	if newly {
+		cs.synced = true
+	}
+	if complete && s.away && cs.connected == 0 && cs.disconnectedAt.IsZero() {
+		cs.disconnectedAt = h.now() // the cluster is away: its staleness clock runs from this copy
+	}
+	cs.mu.Unlock()
+	if complete {
+		h.layer.SessionDelivered(s)
+	}
+	if newly {
+		cs.log.Info("cluster synced")
+		h.checkReady()
+	}
+}
+
+// status is the cluster as the admin API shows it (without what the store and the layer
+// add).
+func (cs *clusterState) status() api.ClusterStatus {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced}
+	if !cs.lastContact.IsZero() {
+		t := cs.lastContact
+		st.LastContact = &t
+	}
+	for coll, m := range cs.rejections {
+		if len(m) == 0 {
+			continue
+		}
+		if st.Rejections == nil {
+			st.Rejections = map[string]map[string]string{}
+		}
+		st.Rejections[coll] = maps.Clone(m)
+	}
+	return st
+}
+
+// Warm-up: nothing is served until every configured cluster has synced, or the warm-up
+// passes.
+
+// Ready reports whether the hub serves sinks: every configured cluster has synced since the
+// start, or the warm-up has passed.
+func (h *Hub) Ready() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ready
+}
+
+// pendingClusters are the configured clusters that have not synced, by name.
+func (h *Hub) pendingClusters() []string {
+	var out []string
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		if !cs.synced {
+			out = append(out, cs.name)
+		}
+		cs.mu.Unlock()
+	}
+	return out
+}
+
+// checkReady turns the hub ready when no cluster is pending.
+func (h *Hub) checkReady() {
+	if len(h.pendingClusters()) == 0 {
+		h.setReady("every configured cluster has synced")
+	}
+}
+
+func (h *Hub) setReady(why string) {
+	h.mu.Lock()
+	if h.ready {
+		h.mu.Unlock()
+		return
+	}
+	h.ready = true
+	close(h.readyCh)
+	h.mu.Unlock()
+	h.metrics.ready.Set(1)
+	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	h.log.Info("serving sinks", "why", why, "after", h.now().Sub(h.started).Round(time.Millisecond))
+}
+
+// Staleness: a disconnected cluster's resources stay served, except in collections with a
+// TTL, which drop them once the cluster has been gone that long.
+
+func (h *Hub) expireStale() {
+	now := h.now()
+	staleness := h.current().cfg.Staleness
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		since := cs.disconnectedAt
+		var due []string
+		if !since.IsZero() {
+			for _, coll := range h.cfg.Collections {
+				if ttl := staleness.ttl(coll); ttl > 0 && now.Sub(since) >= ttl && !cs.dropped[coll] {
+					due = append(due, coll)
+					if cs.dropped == nil {
+						cs.dropped = map[string]bool{}
+					}
+					cs.dropped[coll] = true
+				}
+			}
+		}
+		cs.mu.Unlock()
+		if len(due) > 0 {
+			n := h.store.dropCollections(cs.data, due)
+			cs.log.Warn("cluster disconnected for longer than its staleness TTL; its resources are no longer served",
+				"collections", due, "resources", n, "disconnected_at", since)
+			for _, coll := range due {
+				h.metrics.resources(cs.name, coll, 0)
+			}
+		}
+	}
+}

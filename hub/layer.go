@@ -1,0 +1,99 @@
+package hub
+
+import (
+	"context"
+	"net/http"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// Layer is the one seam between the single-hub core and what runs beside it: the replica
+// layer (package hub/replicas) implements it. The core calls it at these points only, and a
+// single hub's layer (noLayer) does nothing at any of them. Its hooks are called on stream
+// goroutines and must be quick; StateChanged is called with the store's lock held.
+type Layer interface {
+	// Start is called by Run once the listeners are bound and before any stream is served:
+	// the layer may register services on the ingest listener and routes on the admin API,
+	// and runs its goroutines in g until ctx ends.
+	Start(ctx context.Context, g *errgroup.Group, l Listeners) error
+
+	// SessionOpened, SessionDelivered and SessionClosed follow every session (a stream
+	// writing one cluster's state): opened, delivered every collection once (the cluster's
+	// state here is then the session's), ended. MayWrite is asked before each push of a
+	// session is applied: false drops it (the push is ACKed, nothing changes).
+	SessionOpened(*Session)
+	SessionDelivered(*Session)
+	SessionClosed(*Session)
+	MayWrite(*Session) bool
+
+	// StateChanged reports each change of what a cluster holds, as received (the entries
+	// put, the names removed), in the order the store applied them. ClusterRemoved reports a
+	// cluster leaving the configuration; its sessions have been closed.
+	StateChanged(cluster, collection string, put []*mcp.Entry, removed []string)
+	ClusterRemoved(cluster string)
+
+	// RunTask runs run, one of the hub's dial-outs (key names it: dialSink/<name>,
+	// poll/<cluster>), for as long as this hub should; a single hub always should.
+	RunTask(ctx context.Context, key string, run func(context.Context))
+	// DescribeCluster adds the layer's view of a cluster to its status.
+	DescribeCluster(*api.ClusterStatus)
+}
+
+// Listeners are what Layer.Start may extend.
+type Listeners struct {
+	// Ingest is the ingest listener's server and IngestAddr its bound address.
+	Ingest     *grpc.Server
+	IngestAddr string
+	// Admin is the admin API's mux (served only when the configuration has an http
+	// address).
+	Admin *http.ServeMux
+}
+
+// noLayer is a single hub's Layer.
+type noLayer struct{}
+
+func (noLayer) Start(context.Context, *errgroup.Group, Listeners) error { return nil }
+func (noLayer) SessionOpened(*Session)                                  {}
+func (noLayer) SessionDelivered(*Session)                               {}
+func (noLayer) SessionClosed(*Session)                                  {}
+func (noLayer) MayWrite(*Session) bool                                  { return true }
+func (noLayer) StateChanged(string, string, []*mcp.Entry, []string)     {}
+func (noLayer) ClusterRemoved(string)                                   {}
+func (noLayer) RunTask(ctx context.Context, _ string, run func(context.Context)) {
+	run(ctx)
+}
+func (noLayer) DescribeCluster(*api.ClusterStatus) {}
+
+// SessionOptions describe a session a Layer opens with OpenSession.
+type SessionOptions struct {
+	// Node is the SinkNode the session's stream sends.
+	Node *mcppb.SinkNode
+	// Away: the stream carries the last state of a cluster whose minion is away (a copy
+	// kept elsewhere). It does not make the cluster connected, and the cluster's staleness
+	// clock starts when it has delivered every collection.
+	Away bool
+}
+
+// Session is one stream writing a cluster's state into the hub: a minion's, pushed or
+// polled, or one a Layer opened with OpenSession. Its Sink runs the stream; every push goes
+// through the ACL, the store, the merge and the views.
+type Session struct {
+	cs   *clusterState
+	away bool
+	sink *mcp.Sink
+
+	// Guarded by cs.mu:
+	info      *mcp.StreamInfo // set while the stream is open
+	delivered map[string]bool // collections delivered (a split push: at its last chunk)
+}
+
+// Cluster is the name of the cluster whose state the session writes.
+func (s *Session) Cluster() string { return s.cs.name }
+
+// Sink runs the session's stream (Sink.PullFrom for a stream the caller dials).
+func (s *Session) Sink() *mcp.Sink { return s.sink }

@@ -1,0 +1,201 @@
+package hub
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/meshfed/meshfed/hub/api"
+)
+
+// The merge: per collection and name, every cluster's accepted resource is a candidate,
+// kept in the conflict policy's order; the first is served, the others are held and served
+// if it goes away.
+
+// ConflictPolicy orders the candidates for one collection/namespace/name; the first wins.
+type ConflictPolicy struct {
+	// Priority lists cluster names, highest first; when set it decides before creation
+	// time. Clusters not listed come after those listed.
+	Priority []string
+}
+
+// less reports whether a wins over b: higher priority, else the older create_time (a
+// resource without one counts as newest), else the lower cluster name.
+func (p ConflictPolicy) less(a, b *resource) bool {
+	if len(p.Priority) > 0 {
+		pa, pb := p.rank(a.cluster), p.rank(b.cluster)
+		if pa != pb {
+			return pa < pb
+		}
+	}
+	switch {
+	case a.created.IsZero() != b.created.IsZero():
+		return !a.created.IsZero()
+	case !a.created.Equal(b.created):
+		return a.created.Before(b.created)
+	}
+	return a.cluster < b.cluster
+}
+
+func (p ConflictPolicy) rank(cluster string) int {
+	for i, c := range p.Priority {
+		if c == cluster {
+			return i
+		}
+	}
+	return len(p.Priority)
+}
+
+// why names the rule that makes winner win.
+func (p ConflictPolicy) why(winner *resource) string {
+	if len(p.Priority) > 0 && p.rank(winner.cluster) < len(p.Priority) {
+		return "higher priority"
+	}
+	if !winner.created.IsZero() {
+		return "older create_time"
+	}
+	return "lower cluster name"
+}
+
+// explain says why loser is held while winner is served, with the values compared.
+func (p ConflictPolicy) explain(winner, loser *resource) string {
+	w, l := winner.cluster, loser.cluster
+	if pw, pl := p.rank(w), p.rank(l); len(p.Priority) > 0 && pw != pl {
+		if pl == len(p.Priority) {
+			return fmt.Sprintf("cluster %q's copy is served: conflicts.priority lists %q (at %d) and not %q", w, w, pw, l)
+		}
+		return fmt.Sprintf("cluster %q's copy is served: conflicts.priority lists %q (at %d) before %q (at %d)", w, w, pw, l, pl)
+	}
+	stamp := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	switch {
+	case !winner.created.IsZero() && loser.created.IsZero():
+		return fmt.Sprintf("cluster %q's copy is served: it has a create_time (%s) and %q's has none, which counts as newest", w, stamp(winner.created), l)
+	case !winner.created.Equal(loser.created):
+		return fmt.Sprintf("cluster %q's copy is served: its create_time %s is older than %q's %s", w, stamp(winner.created), l, stamp(loser.created))
+	case winner.created.IsZero():
+		return fmt.Sprintf("cluster %q's copy is served: neither copy has a create_time, and %q is the lower cluster name", w, w)
+	}
+	return fmt.Sprintf("cluster %q's copy is served: both were created at %s, and %q is the lower cluster name", w, stamp(winner.created), w)
+}
+
+func (s *store) addCandidateLocked(r *resource) {
+	idx := s.index[r.collection]
+	if idx == nil {
+		idx = map[string][]*resource{}
+		s.index[r.collection] = idx
+	}
+	c := append(idx[r.name], r)
+	sort.SliceStable(c, func(i, j int) bool { return s.policy.less(c[i], c[j]) })
+	idx[r.name] = c
+	if len(c) == 2 {
+		s.conflicting++
+		s.metrics.conflicts(s.conflicting)
+	}
+}
+
+func (s *store) dropCandidateLocked(r *resource) {
+	idx := s.index[r.collection]
+	c := idx[r.name]
+	for i, x := range c {
+		if x == r {
+			c = append(c[:i:i], c[i+1:]...)
+			break
+		}
+	}
+	if len(c) == 0 {
+		delete(idx, r.name)
+	} else {
+		idx[r.name] = c
+	}
+	if len(c) == 1 {
+		s.conflicting--
+		s.metrics.conflicts(s.conflicting)
+	}
+}
+
+// winnerLocked returns the served resource for collection/name, or nil.
+func (s *store) winnerLocked(collection, name string) *resource {
+	if c := s.index[collection][name]; len(c) > 0 {
+		return c[0]
+	}
+	return nil
+}
+
+// winner returns the served resource for collection/name, if any.
+func (s *store) winner(collection, name string) (*resource, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.winnerLocked(collection, name)
+	return w, w != nil
+}
+
+// setPolicy re-orders every candidate list under p and serves the new winners.
+func (s *store) setPolicy(p ConflictPolicy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.policy = p
+	for coll, idx := range s.index {
+		touched := map[string]bool{}
+		for name, c := range idx {
+			if len(c) < 2 {
+				continue
+			}
+			before := c[0]
+			sort.SliceStable(c, func(i, j int) bool { return s.policy.less(c[i], c[j]) })
+			if c[0] != before {
+				touched[name] = true
+			}
+		}
+		s.publishLocked(coll, touched)
+	}
+}
+
+// conflicts lists every name held by more than one cluster.
+func (s *store) conflicts() []api.Conflict {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []api.Conflict
+	for coll, idx := range s.index {
+		for n, c := range idx {
+			if len(c) < 2 {
+				continue
+			}
+			cf := api.Conflict{Collection: coll, Name: n, Winner: c[0].cluster, Why: s.policy.why(c[0])}
+			for _, l := range c[1:] {
+				cf.Losers = append(cf.Losers, l.cluster)
+			}
+			out = append(out, cf)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Collection != out[j].Collection {
+			return out[i].Collection < out[j].Collection
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// candidates returns every cluster's resource for collection/name, the served one first
+// (each held one saying why it is held) and, when there are several, the rule that picked
+// the served one.
+func (s *store) candidates(collection, name string) (out []api.Candidate, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cands := s.index[collection][name]
+	if len(cands) > 1 {
+		why = s.policy.why(cands[0])
+	}
+	for i, r := range cands {
+		c := api.Candidate{Cluster: r.cluster, Version: r.served.Version, Served: i == 0}
+		if !r.created.IsZero() {
+			t := r.created
+			c.Created = &t
+		}
+		if i > 0 {
+			c.HeldBecause = s.policy.explain(cands[0], r)
+		}
+		out = append(out, c)
+	}
+	return out, why
+}

@@ -1,0 +1,152 @@
+package replicas
+
+import (
+	"slices"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// ForwardClusterAnnotation names, in the SinkNode of a replica-to-replica stream, the
+// cluster whose store the stream follows.
+const ForwardClusterAnnotation = "meshfed.io/forward-cluster"
+
+// ForwardCopyAnnotation, "true" in a replica-to-replica stream's SinkNode, asks for the
+// copy a replica keeps of a cluster that no replica holds (its minion is away): a replica
+// that starts meanwhile takes it from a peer, so the cluster's last state survives the
+// replicas' restarts under the staleness policy.
+const ForwardCopyAnnotation = "meshfed.io/forward-copy"
+
+// feeds are, per cluster, its resources as this replica received them: what peers follow.
+type feeds struct {
+	mu    sync.Mutex // guards by
+	by    map[string]*mcp.Cache
+	colls []string
+}
+
+// of returns cluster's feed, creating it.
+func (f *feeds) of(cluster string) *mcp.Cache {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.by[cluster]
+	if c == nil {
+		if f.by == nil {
+			f.by = map[string]*mcp.Cache{}
+		}
+		c = mcp.NewCache(f.colls...)
+		f.by[cluster] = c
+	}
+	return c
+}
+
+func (f *feeds) drop(cluster string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.by, cluster)
+}
+
+// StateChanged brings the cluster's feed up to date (under the store's lock, so in the
+// order the store changed).
+func (l *Layer) StateChanged(cluster, collection string, put []*mcp.Entry, removed []string) {
+	l.feeds.of(cluster).Update(collection, put, removed)
+}
+
+// ClusterRemoved drops a cluster that left the configuration: its feed, and the peers'
+// streams following it from here. The membership keeps the highest epoch it saw for it,
+// so sessions of a cluster added again still order after the old ones.
+func (l *Layer) ClusterRemoved(cluster string) {
+	l.feeds.drop(cluster)
+	l.peers.closeAll(cluster)
+	if m := l.members(); m != nil {
+		m.Poke() // the next reconciliation stops following it
+	}
+}
+
+// feedRouter serves the replica-to-replica streams: each follows one cluster's resources
+// as this replica received them, and only while this replica holds the cluster's session
+// (or, for a copy, while nobody does and this replica has one).
+type feedRouter struct{ l *Layer }
+
+// Check refuses a stream for a cluster this replica may not serve: an empty answer would
+// read as deletions at the follower.
+func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
+	l := f.l
+	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
+	if !slices.Contains(l.h.ClusterNames(), cluster) {
+		return status.Errorf(codes.InvalidArgument, "%s %q is not a configured cluster", ForwardClusterAnnotation, cluster)
+	}
+	if info.Node().GetAnnotations()[ForwardCopyAnnotation] == "true" {
+		if a, held := l.members().Authorities()[cluster]; held {
+			return status.Errorf(codes.FailedPrecondition, "cluster %q is held by replica %q: follow it from there", cluster, a.Replica)
+		}
+		if !l.h.ClusterSynced(cluster) {
+			// An empty answer would make the asking replica ready without the cluster.
+			return status.Errorf(codes.FailedPrecondition, "replica %q has no copy of cluster %q", l.cfg.Name, cluster)
+		}
+		return nil
+	}
+	if !l.members().Holds(cluster) {
+		return status.Errorf(codes.FailedPrecondition, "replica %q does not hold cluster %q's session", l.cfg.Name, cluster)
+	}
+	return nil
+}
+
+// Watch implements mcp.Watcher.
+func (f feedRouter) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
+	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
+	untrack := f.l.peers.add(cluster, info)
+	coll, cancel, ok := f.l.feeds.of(cluster).Watch(info, collection, notify)
+	// The cluster may have been released between Check and now, after its release closed
+	// the streams it knew of: this one must not outlive it.
+	if f.Check(info, collection) != nil {
+		info.Close()
+	}
+	return coll, func() { cancel(); untrack() }, ok
+}
+
+// peerStreams are the replica-to-replica streams this replica serves, by cluster, so that
+// releasing a cluster ends them: its copy may change afterwards (staleness, a reload) and
+// must not reach followers as if it were the cluster's.
+type peerStreams struct {
+	mu      sync.Mutex // guards streams
+	streams map[string]map[*mcp.StreamInfo]int
+}
+
+func (p *peerStreams) add(cluster string, info *mcp.StreamInfo) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.streams == nil {
+		p.streams = map[string]map[*mcp.StreamInfo]int{}
+	}
+	if p.streams[cluster] == nil {
+		p.streams[cluster] = map[*mcp.StreamInfo]int{}
+	}
+	p.streams[cluster][info]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.streams[cluster][info]--; p.streams[cluster][info] <= 0 {
+				delete(p.streams[cluster], info)
+			}
+		})
+	}
+}
+
+// closeAll ends the streams following cluster and returns how many.
+func (p *peerStreams) closeAll(cluster string) int {
+	p.mu.Lock()
+	infos := make([]*mcp.StreamInfo, 0, len(p.streams[cluster]))
+	for i := range p.streams[cluster] {
+		infos = append(infos, i)
+	}
+	p.mu.Unlock()
+	for _, i := range infos {
+		i.Close()
+	}
+	return len(infos)
+}

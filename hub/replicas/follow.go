@@ -1,0 +1,256 @@
+package replicas
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/replicas/membership"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// follow is one replica-to-replica stream of one cluster: from the replica holding it, or,
+// when none does, a copy from a peer that has one.
+type follow struct {
+	replica, addr string
+	copy          bool     // the copy of a cluster no replica holds (ForwardCopyAnnotation)
+	peers         []string // copy: the peers asked, in order
+	cancel        context.CancelFunc
+	retired       atomic.Bool // superseded: its pushes are no longer applied
+}
+
+func (f *follow) stop() {
+	f.retired.Store(true)
+	f.cancel()
+}
+
+// followPeers keeps, for every cluster another replica holds, one stream from that replica
+// (its authority), until ctx ends. When the authority changes, the old stream stops at once
+// (it carries an older session) and a stream to the new authority declares the versions
+// this replica has: the cluster's copy stays in the store meanwhile and the new stream's
+// first push is only the difference, so nothing that still exists vanishes. When no replica
+// holds the cluster any more, the stream stops and the copy stays, served under the
+// staleness policy. A cluster this replica holds itself is followed from nowhere.
+func (l *Layer) followPeers(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		l.reconcile(ctx, &wg)
+		select {
+		case <-ctx.Done():
+			l.mu.Lock()
+			for _, c := range l.clusters {
+				if c.follow != nil {
+					c.follow.stop()
+				}
+			}
+			l.mu.Unlock()
+			return
+		case <-l.members().Changed():
+		case <-tick.C:
+		}
+	}
+}
+
+// reconcile brings what this replica follows in line with the membership.
+func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
+	m := l.members()
+	auth := m.Authorities()
+	names := l.h.ClusterNames()
+	held, followed := map[string]bool{}, map[string]bool{}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, c := range l.clusters {
+		if !slices.Contains(names, name) { // no longer configured: nothing to follow
+			if c.follow != nil {
+				c.follow.stop()
+			}
+			delete(l.clusters, name)
+			l.metrics.forget(name)
+		}
+	}
+	for _, name := range names {
+		held[name] = m.Holds(name)
+		if l.reconcileLocked(ctx, name, auth, wg) {
+			followed[name] = true
+		}
+	}
+	l.metrics.view(len(m.Replicas()), held, followed, names)
+	l.following = map[string]string{}
+	for name, c := range l.clusters {
+		switch f := c.follow; {
+		case f == nil:
+		case f.copy:
+			l.following[name] = "copy from " + strings.Join(f.peers, " or ")
+		default:
+			l.following[name] = f.replica
+		}
+	}
+}
+
+// reconcileLocked decides how this replica follows one cluster, and reports whether it
+// does. The caller holds l.mu.
+func (l *Layer) reconcileLocked(ctx context.Context, name string, auth map[string]membership.Authority, wg *sync.WaitGroup) bool {
+	c := l.repLocked(name)
+	if c.resyncing() {
+		// The minion is here: its stream is the freshest source and the only writer of the
+		// cluster's store until it syncs (and holds it) or ends.
+		l.stopLocked(name, c, "")
+		return false
+	}
+	f := c.follow
+	if f != nil && f.retired.Load() {
+		f = nil // retired by a session of this replica's own that has ended since
+	}
+	a, ok := auth[name]
+	if !ok {
+		// No replica holds the cluster. A replica without a copy of its own (it started
+		// while the cluster was away) takes a peer's copy and keeps mirroring it (a
+		// staleness drop there reaches it); one with its own copy keeps that.
+		peers := l.copySources(name)
+		if len(peers) > 0 && (f == nil || !f.copy || !samePeers(f.peers, peers)) && !l.h.ClusterSynced(name) {
+			l.stopLocked(name, c, "")
+			c.follow = l.startCopy(ctx, name, peers, wg)
+			return true
+		}
+		if f != nil && f.copy && len(peers) > 0 {
+			return true // keeps mirroring the copy it has taken
+		}
+	}
+	if !ok || a.Replica == l.cfg.Name {
+		why := "no replica holds it"
+		if ok {
+			why = "this replica holds it"
+		}
+		l.stopLocked(name, c, why)
+		return false
+	}
+	if f == nil || f.copy || f.replica != a.Replica || f.addr != a.MCPAddr {
+		l.stopLocked(name, c, "")
+		c.follow = l.startFollow(ctx, name, a, wg)
+	}
+	return true
+}
+
+// stopLocked stops c's follow, if any, logging why when given.
+func (l *Layer) stopLocked(cluster string, c *clusterRep, why string) {
+	if c.follow == nil {
+		return
+	}
+	c.follow.stop()
+	c.follow = nil
+	if why != "" {
+		l.log.Info("no longer following the cluster from a peer", "cluster", cluster, "why", why)
+	}
+}
+
+func (l *Layer) startFollow(ctx context.Context, cluster string, a membership.Authority, wg *sync.WaitGroup) *follow {
+	f := &follow{replica: a.Replica, addr: a.MCPAddr}
+	log := l.log.With("cluster", cluster, "from_replica", a.Replica, "addr", a.MCPAddr)
+	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
+	l.runFollow(ctx, cluster, f, []string{a.MCPAddr}, log, wg)
+	return f
+}
+
+// startCopy takes the copy of a cluster no replica holds from the first of peers that has
+// one, and keeps mirroring it.
+func (l *Layer) startCopy(ctx context.Context, cluster string, peers []membership.Replica, wg *sync.WaitGroup) *follow {
+	f := &follow{copy: true}
+	var addrs []string
+	for _, p := range peers {
+		f.peers = append(f.peers, p.Name)
+		addrs = append(addrs, p.MCPAddr)
+	}
+	log := l.log.With("cluster", cluster, "from_replicas", f.peers)
+	log.Info("no replica holds the cluster: taking a peer's copy")
+	l.runFollow(ctx, cluster, f, addrs, log, wg)
+	return f
+}
+
+// samePeers reports whether a copy follow asks the peers it would ask now.
+func samePeers(asked []string, now []membership.Replica) bool {
+	if len(asked) != len(now) {
+		return false
+	}
+	for i, r := range now {
+		if asked[i] != r.Name {
+			return false
+		}
+	}
+	return true
+}
+
+// runFollow runs f's stream, trying addrs in turn, until f is stopped. Each attempt is a
+// session of the cluster in the core.
+func (l *Layer) runFollow(ctx context.Context, cluster string, f *follow, addrs []string, log *slog.Logger, wg *sync.WaitGroup) {
+	ctx, f.cancel = context.WithCancel(ctx)
+	l.metrics.follows.Inc()
+	ctx = metadata.AppendToOutgoingContext(ctx, hub.DevIdentityHeader, l.id)
+	node := &mcppb.SinkNode{Id: l.cfg.Name, Annotations: map[string]string{ForwardClusterAnnotation: cluster}}
+	if f.copy {
+		node.Annotations[ForwardCopyAnnotation] = "true"
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		l.h.Redial(ctx, addrs, log, func(ctx context.Context, conn *grpc.ClientConn) error {
+			s, err := l.h.OpenSession(cluster, hub.SessionOptions{Node: node, Away: f.copy})
+			if err != nil {
+				return err
+			}
+			l.mu.Lock()
+			l.follows[s] = f
+			l.mu.Unlock()
+			defer func() {
+				l.mu.Lock()
+				delete(l.follows, s)
+				l.mu.Unlock()
+			}()
+			return s.Sink().PullFrom(ctx, conn)
+		})
+	}()
+}
+
+// copySources orders the live peers to ask for the copy of a cluster no replica holds
+// (rendezvous hashing, so replicas starting together ask the same one first); a peer
+// without a copy refuses and the next is asked.
+func (l *Layer) copySources(cluster string) []membership.Replica {
+	type scored struct {
+		r     membership.Replica
+		score uint64
+	}
+	var peers []scored
+	for _, r := range l.members().Replicas() {
+		if r.Name == l.cfg.Name || r.MCPAddr == "" {
+			continue
+		}
+		peers = append(peers, scored{r, rendezvous(r.Name, "copy/"+cluster)})
+	}
+	sort.Slice(peers, func(i, j int) bool { return peers[i].score > peers[j].score })
+	out := make([]membership.Replica, len(peers))
+	for i, p := range peers {
+		out[i] = p.r
+	}
+	return out
+}
+
+// rendezvous is replica's score for key: the replica with the highest score takes it
+// (every replica computes the same from the same membership; a departure moves only its
+// keys).
+func rendezvous(replica, key string) uint64 {
+	f := fnv.New64a()
+	_, _ = f.Write([]byte(replica + "\x00" + key))
+	return f.Sum64()
+}

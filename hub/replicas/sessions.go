@@ -1,0 +1,169 @@
+package replicas
+
+import (
+	"github.com/meshfed/meshfed/hub"
+)
+
+// The session rules. A replica's copy of a cluster has one writer at a time:
+//   - while one of the cluster's minion sessions here has not delivered everything, that
+//     session (the minion is here: it is the freshest source); the follow stops;
+//   - once it has, this replica holds the cluster at a new epoch, and its peers follow the
+//     cluster from here;
+//   - a minion session whose epoch a newer session elsewhere has superseded (the minion
+//     reconnected to another replica before this stream was noticed dead) writes nothing;
+//     this replica follows the newer session;
+//   - a follow writes until it is retired (a minion session here opened or synced) or
+//     stopped (the authority moved).
+
+// rep returns cluster's state here, creating it. The caller holds l.mu.
+func (l *Layer) repLocked(cluster string) *clusterRep {
+	c := l.clusters[cluster]
+	if c == nil {
+		c = &clusterRep{minion: map[*hub.Session]uint64{}}
+		l.clusters[cluster] = c
+	}
+	return c
+}
+
+// SessionOpened: a minion session makes what this replica follows of the cluster stop
+// writing at once (the follow is stopped on the next reconciliation, which nothing starts
+// again while the session resyncs).
+func (l *Layer) SessionOpened(s *hub.Session) {
+	l.mu.Lock()
+	if l.follows[s] != nil {
+		l.mu.Unlock()
+		return
+	}
+	c := l.repLocked(s.Cluster())
+	c.minion[s] = 0
+	if c.follow != nil {
+		c.follow.retired.Store(true)
+	}
+	l.mu.Unlock()
+	if m := l.members(); m != nil {
+		m.Poke()
+	}
+}
+
+// SessionDelivered: a minion session that has delivered every collection holds the
+// cluster (the newest epoch: peers follow this replica for it, and it stops applying what
+// it follows).
+func (l *Layer) SessionDelivered(s *hub.Session) {
+	l.mu.Lock()
+	c := l.clusters[s.Cluster()]
+	_, minion := c.minionOf(s)
+	if minion && c.follow != nil {
+		c.follow.retired.Store(true)
+	}
+	l.mu.Unlock()
+	if minion && l.members() != nil {
+		l.hold(s)
+	}
+}
+
+// minionOf returns the epoch a minion session holds and whether it is one of this
+// cluster's open minion sessions (c may be nil).
+func (c *clusterRep) minionOf(s *hub.Session) (uint64, bool) {
+	if c == nil {
+		return 0, false
+	}
+	epoch, ok := c.minion[s]
+	return epoch, ok
+}
+
+// SessionClosed: a minion session's end releases what it held; a copy taken from a peer
+// is not taken again from another once it has arrived.
+func (l *Layer) SessionClosed(s *hub.Session) {
+	cluster := s.Cluster()
+	l.mu.Lock()
+	if f := l.follows[s]; f != nil {
+		l.mu.Unlock()
+		if f.copy && l.h.ClusterSynced(cluster) {
+			// A copy is taken once, from one peer: redialling another could declare
+			// versions that peer never had and receive deletions of them.
+			f.stop()
+		}
+		return
+	}
+	c := l.clusters[cluster]
+	epoch, open := c.minionOf(s)
+	var other *hub.Session // another synced minion session of the cluster, still open here
+	if open {
+		delete(c.minion, s)
+		for o, e := range c.minion {
+			if e > 0 {
+				other = o
+			}
+		}
+	}
+	l.mu.Unlock()
+	if !open {
+		return
+	}
+	m := l.members()
+	if m == nil {
+		return
+	}
+	if epoch > 0 {
+		l.release(cluster, epoch, other)
+	}
+	m.Poke()
+}
+
+// MayWrite: a retired follow writes nothing, nor does a minion session a newer one
+// elsewhere has superseded.
+func (l *Layer) MayWrite(s *hub.Session) bool {
+	l.mu.Lock()
+	f := l.follows[s]
+	epoch, _ := l.clusters[s.Cluster()].minionOf(s)
+	l.mu.Unlock()
+	if f != nil {
+		return !f.retired.Load()
+	}
+	m := l.members()
+	if epoch == 0 || m == nil {
+		return true // resyncing: newer than any session
+	}
+	replica, newest, ok := m.Authority(s.Cluster())
+	return !ok || replica == l.cfg.Name || newest <= epoch
+}
+
+// hold holds the cluster's session for the minion session s, unless it has ended, and
+// reports whether it did.
+func (l *Layer) hold(s *hub.Session) bool {
+	cluster := s.Cluster()
+	m := l.members()
+	epoch := m.Hold(cluster)
+	l.mu.Lock()
+	c := l.clusters[cluster]
+	_, open := c.minionOf(s)
+	if open {
+		c.minion[s] = epoch
+	}
+	l.mu.Unlock()
+	if !open { // the stream ended meanwhile
+		m.Release(cluster, epoch)
+		return false
+	}
+	l.log.Info("holding the cluster's session", "cluster", cluster, "epoch", epoch)
+	return true
+}
+
+// release releases the session of epoch after its stream ended. Another synced minion
+// session of the cluster still open here (a minion that reconnected before its old stream
+// was noticed dead) holds it anew; otherwise the peers following the cluster from here are
+// disconnected: what this replica has of it may change now (staleness, a reload) without
+// being the cluster's.
+func (l *Layer) release(cluster string, epoch uint64, other *hub.Session) {
+	m := l.members()
+	m.Release(cluster, epoch)
+	if m.Holds(cluster) {
+		return // a newer session of this replica's holds it
+	}
+	if other != nil && l.hold(other) {
+		return
+	}
+	if n := l.peers.closeAll(cluster); n > 0 {
+		l.log.Info("released the cluster's session; closed the peers' streams following it", "cluster", cluster, "streams", n)
+	}
+}

@@ -1,0 +1,243 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
+	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
+)
+
+// Serving: each sink's stream (MCP ResourceSource, MCP over xDS, or a dial-out to a sink
+// that only listens) watches the view of the subset its routing rules give it.
+
+// sink is who a serving stream's peer is, as routing sees it: its authenticated identity,
+// its SinkNode's annotations, and its node id, which, when the hub has a trust domain (and
+// TLS) and the identity is one of its SPIFFE IDs, is the name in the peer's certificate: a
+// SinkNode id that says otherwise is not believed, and a sink that sends none is still
+// routed by its name. Every caller that asks who a sink is uses it: the serving router, a
+// reload's re-route, the sink list, why and the dry run.
+func (c *compiled) sink(identity, nodeID string, annotations map[string]string) routing.Sink {
+	if c.trustDomain != "" && !c.insecure {
+		if _, name, _ := meshtls.ParseID(c.trustDomain, identity); name != "" {
+			nodeID = name
+		}
+	}
+	return routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations}
+}
+
+// subset is what sink gives a sink: its routing subset.
+func (c *compiled) subset(identity, nodeID string, annotations map[string]string) *routing.Subset {
+	return c.routes.Select(c.sink(identity, nodeID, annotations))
+}
+
+var errNotReady = errors.New("the hub is warming up")
+
+// authenticateSink admits a sink's stream once the hub is ready; before, it is refused
+// with Unavailable so the sink retries instead of receiving a partial state.
+func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
+	if !h.Ready() {
+		pending := h.pendingClusters()
+		left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
+		return "", status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
+	}
+	id, err := PeerIdentity(ctx, h.cfg.Insecure)
+	if err != nil {
+		return "", err
+	}
+	if h.cfg.Insecure {
+		h.log.Warn("insecure: admitting a sink without TLS, by the identity it claims", "identity", id)
+	}
+	if err := h.requireKind(id, meshtls.KindSink, "sinks may subscribe"); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// resolveTypeURL maps istiod's MCP-over-xDS type URLs (group/version/Kind) to the served
+// collection of that kind.
+func (h *Hub) resolveTypeURL(typeURL string) (string, bool) {
+	k, ok := kinds.ForTypeURL(typeURL)
+	if !ok {
+		return "", false
+	}
+	for _, c := range h.cfg.Collections {
+		if c == k.Collection {
+			return c, true
+		}
+	}
+	return "", false
+}
+
+// router is the Watcher sinks are served from: it routes each stream to the view of its
+// subset.
+type router struct{ h *Hub }
+
+// Watch implements mcp.Watcher.
+func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
+	node := info.Node()
+	cur := r.h.current()
+	sink := cur.comp.sink(info.Identity, node.GetId(), node.GetAnnotations())
+	if id := node.GetId(); id != "" && id != sink.NodeID {
+		r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
+			"identity", info.Identity, "node_id", id, "collection", collection)
+	}
+	sub := cur.comp.routes.Select(sink)
+	cache, release := r.h.store.watch(sub)
+	coll, cancel, ok := cache.Watch(info, collection, notify)
+	untrack := r.h.watchers.track(info, sub.Key())
+	return coll, func() { cancel(); release(); untrack() }, ok
+}
+
+// watchRegistry knows which subset every serving stream (MCP or xDS) watches, so a reload
+// can close the streams whose routing changed.
+type watchRegistry struct {
+	mu      sync.Mutex // guards streams
+	streams map[*mcp.StreamInfo]*watched
+}
+
+type watched struct {
+	key  string
+	refs int
+}
+
+func newWatchRegistry() *watchRegistry {
+	return &watchRegistry{streams: map[*mcp.StreamInfo]*watched{}}
+}
+
+func (r *watchRegistry) track(info *mcp.StreamInfo, key string) func() {
+	r.mu.Lock()
+	w := r.streams[info]
+	if w == nil {
+		w = &watched{key: key}
+		r.streams[info] = w
+	}
+	w.refs++
+	r.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if w.refs--; w.refs == 0 && r.streams[info] == w {
+				delete(r.streams, info)
+			}
+		})
+	}
+}
+
+// rerouted closes every stream whose subset under comp differs from the one it watches,
+// and returns how many it closed. Such a sink reconnects and gets its new view (resuming
+// by versions if it declares them).
+func (r *watchRegistry) rerouted(comp *compiled) int {
+	r.mu.Lock()
+	var stale []*mcp.StreamInfo
+	for info, w := range r.streams {
+		node := info.Node()
+		if comp.subset(info.Identity, node.GetId(), node.GetAnnotations()).Key() != w.key {
+			stale = append(stale, info)
+		}
+	}
+	r.mu.Unlock()
+	for _, i := range stale {
+		i.Close()
+	}
+	return len(stale)
+}
+
+// sinkRegistry follows the hub's MCP sink streams through the engine's hooks. The hooks run
+// on every push and ACK of every stream: a lock-free map from stream to its entry, and a
+// lock per entry, keep them from contending with each other.
+type sinkRegistry struct {
+	now   func() time.Time
+	sinks sync.Map // *mcp.StreamInfo -> *sinkEntry
+}
+
+type sinkEntry struct {
+	info *mcp.StreamInfo
+	mu   sync.Mutex // guards st
+	st   api.SinkStatus
+}
+
+func (r *sinkRegistry) hooks() mcp.Hooks {
+	return mcp.Hooks{
+		StreamOpened: func(i *mcp.StreamInfo) {
+			r.sinks.Store(i, &sinkEntry{info: i, st: api.SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Identity: i.Identity,
+				Since: r.now(), Collections: map[string]*api.SinkCollection{}}})
+		},
+		StreamClosed: func(i *mcp.StreamInfo, _ error) { r.sinks.Delete(i) },
+		Pushed: func(i *mcp.StreamInfo, e mcp.PushEvent) {
+			r.update(i, e.Collection, func(c *api.SinkCollection) {
+				c.PushedVersion, c.Pending, c.LastPush = e.Version, true, time.Now()
+				if !e.Incremental {
+					c.Resources = e.Resources
+				}
+			})
+		},
+		Acked: func(i *mcp.StreamInfo, e mcp.AckEvent) {
+			r.update(i, e.Collection, func(c *api.SinkCollection) {
+				c.Pending = false
+				if e.Code == codes.OK {
+					c.AckedVersion = e.Version
+				} else {
+					c.LastNACK, c.NACKedVersion = e.Code.String()+": "+e.Message, e.Version
+				}
+			})
+		},
+	}
+}
+
+func (r *sinkRegistry) update(i *mcp.StreamInfo, coll string, f func(*api.SinkCollection)) {
+	v, ok := r.sinks.Load(i)
+	if !ok {
+		return
+	}
+	e := v.(*sinkEntry)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := e.st.Collections[coll]
+	if c == nil {
+		c = &api.SinkCollection{}
+		e.st.Collections[coll] = c
+	}
+	f(c)
+}
+
+// listedSink is a connected sink with its subset under the running configuration.
+type listedSink struct {
+	api.SinkStatus
+	subset *routing.Subset
+}
+
+// list returns the connected sinks, by stream, with their subsets under comp.
+func (r *sinkRegistry) list(comp *compiled) []listedSink {
+	var out []listedSink
+	r.sinks.Range(func(_, v any) bool {
+		e := v.(*sinkEntry)
+		e.mu.Lock()
+		cp := e.st
+		cp.Collections = make(map[string]*api.SinkCollection, len(e.st.Collections))
+		for k, c := range e.st.Collections {
+			c := *c
+			cp.Collections[k] = &c
+		}
+		e.mu.Unlock()
+		n := e.info.Node()
+		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
+		sub := comp.subset(cp.Identity, cp.NodeID, cp.Annotations)
+		cp.Rules = sub.Rules()
+		out = append(out, listedSink{cp, sub})
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
+	return out
+}
