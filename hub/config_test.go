@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -42,8 +43,36 @@ routing:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := rc.Replicas; r.Name == "" || r.Gossip != "0.0.0.0:7946" || r.Profile != "lan" {
+	if r := rc.Replicas; r.Name == "" || r.Gossip != "0.0.0.0:7946" || r.Profile != "lan" || r.SeedDNS != "hubs.meshfed.svc:7946" {
 		t.Errorf("replicas defaults: %+v", r)
+	}
+}
+
+// A file is read on top of Defaults: what it leaves out keeps the default, what it says
+// wins; Validate changes nothing.
+func TestDefaultsAndValidate(t *testing.T) {
+	cfg, err := ParseConfig([]byte("insecure: true\nclusters: [{name: a, identities: [a]}]\nlimits: {streamBurst: 7}\nsharedNamespaces: ['team-*']\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Defaults()
+	if cfg.Ingest != want.Ingest || cfg.WarmUp != want.WarmUp || cfg.MaxMessageSize != want.MaxMessageSize || cfg.Backoff != want.Backoff ||
+		cfg.Limits.StreamsPerSecond != want.Limits.StreamsPerSecond || cfg.Limits.StreamBurst != 7 || len(cfg.Collections) != len(want.Collections) {
+		t.Errorf("parsed %+v\nwant the defaults but streamBurst", cfg)
+	}
+	before := *cfg
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before, *cfg) {
+		t.Errorf("Validate changed the configuration")
+	}
+	dev := DefaultConfig()
+	if err := dev.Validate(); err != nil || dev.TrustDomain != "" || dev.SPIFFETrustDomain() != DevTrustDomain || dev.HTTP == "" {
+		t.Errorf("DefaultConfig: %v, %+v", err, dev)
+	}
+	if Defaults() == Defaults() || &Defaults().Collections[0] == &Defaults().Collections[0] {
+		t.Error("Defaults shares state between calls")
 	}
 }
 
@@ -75,6 +104,19 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{base + "replicas: {name: r1, probeInterval: often}", "replicas.probeInterval"},
 		{base + "replicas: {name: r1, suspicionMult: -1}", "replicas.suspicionMult"},
 		{base + "replicas: {name: r1, gossip: 7946}", "replicas.gossip"},
+		// One namespace grammar everywhere: what clusters[].namespaces refuses, sharedNamespaces
+		// and the routing rules refuse too, naming the field.
+		{base + "sharedNamespaces: ['*-prod', '']", `sharedNamespaces[0]: "*-prod": "*" may only end the pattern, or stand alone`},
+		{base + "sharedNamespaces: [shared, '']", `sharedNamespaces[1]: "": empty pattern`},
+		{base + "routing: {rules: [{name: r, namespaces: ['*-prod']}]}", `routing.rules[0].namespaces[0]: "*-prod": "*" may only end`},
+		{base + "routing: {rules: [{name: r, namespaces: [Shop]}]}", `routing.rules[0].namespaces[0]: "Shop": invalid character 'S'`},
+		{base + "maxMessageSize: 0", "maxMessageSize: 0 is not positive"},
+		{base + "backoff: {initial: 0s}", "backoff.initial: must be positive"},
+		{base + "backoff: {initial: 2s, max: 1s}", "backoff: max 1s is below initial 2s"},
+		{base + "limits: {streamsPerSecond: 0}", "limits:"},
+		{base + "replicas: {name: r1, bogus: 1}", `replicas: unknown field "bogus"`},
+		{base + "warmUp: 5", "warmUp:"},
+		{base + "ingest: ''", "ingest: required"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

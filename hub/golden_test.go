@@ -21,12 +21,20 @@ import (
 
 	"github.com/meshfed/meshfed/internal/testkit/golden"
 	"github.com/meshfed/meshfed/mcp"
-	"github.com/meshfed/meshfed/routing"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
-// The golden scenarios (testdata/*.txtar): a hub configuration, the pushes clusters make
-// (in order), and sinks; out come each push's ACK or NACK with its rejections, the
-// conflicts, and what every sink is served. `go test -update` rewrites the want sections.
+// The golden scenarios (testdata/*.txtar): a hub configuration, the steps of the scenario
+// in order, and sinks; out come each push's ACK or NACK with its rejections, what each
+// reload, disconnection and passing of time did, the conflicts, the clusters (when the
+// scenario has such steps) and what every sink is served. `go test -update` rewrites the
+// want sections.
+//
+// A step is a push (cluster, collection, full, resources, removed), `reload: SECTION` (the
+// configuration in that section replaces the running one), `disconnect: CLUSTER` (the
+// cluster's stream ends; its next push opens a new one) or `advance: DURATION` (the clock
+// moves on and the hub expires what is stale). Each cluster pushes on one stream, a session
+// of the core, opened at its first push.
 
 type goldenPush struct {
 	Cluster    string           `json:"cluster"`
@@ -34,6 +42,10 @@ type goldenPush struct {
 	Full       bool             `json:"full"`
 	Resources  []goldenResource `json:"resources"`
 	Removed    []string         `json:"removed"`
+
+	Reload     string `json:"reload"`
+	Disconnect string `json:"disconnect"`
+	Advance    string `json:"advance"`
 }
 
 type goldenResource struct {
@@ -110,26 +122,112 @@ func runGolden(t *testing.T, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pushes []goldenPush
+	var steps []goldenPush
 	var sinks []goldenSink
-	section("pushes.yaml", &pushes)
+	section("pushes.yaml", &steps)
 	section("sinks.yaml", &sinks)
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h.now = func() time.Time { return clock }
 
-	// Open every sink's view first, so views are also kept up to date incrementally.
-	type opened struct {
-		s     goldenSink
-		sub   *routing.Subset
-		cache *mcp.Cache
+	// Every sink watches its view from the start, through the serving router, so views are
+	// also kept up to date incrementally, and a reload closes the streams it routes
+	// elsewhere (they reconnect at once, as sinks do).
+	type watching struct {
+		s      goldenSink
+		info   *mcp.StreamInfo
+		closed bool
+		colls  map[string]mcp.Collection
+		cancel []func()
 	}
-	var views []opened
+	watch := func(w *watching) {
+		w.info = mcp.NewStreamInfo(w.s.Identity, &mcppb.SinkNode{Id: w.s.Node, Annotations: w.s.Annotations}, func() { w.closed = true })
+		w.closed, w.colls, w.cancel = false, map[string]mcp.Collection{}, nil
+		for _, coll := range cfg.Collections {
+			c, cancel, _ := router{h}.Watch(w.info, coll, func() {})
+			w.colls[coll], w.cancel = c, append(w.cancel, cancel)
+		}
+	}
+	stop := func(w *watching) {
+		for _, c := range w.cancel {
+			c()
+		}
+	}
+	var watched []*watching
 	for _, s := range sinks {
-		sub := h.current().comp.routes.Select(routing.Sink{Identity: s.Identity, NodeID: s.Node, Annotations: s.Annotations})
-		cache, release := h.store.watch(sub)
-		defer release()
-		views = append(views, opened{s, sub, cache})
+		w := &watching{s: s}
+		watch(w)
+		defer stop(w)
+		watched = append(watched, w)
 	}
 
-	for i, p := range pushes {
+	type stream struct {
+		s      *Session
+		closed bool
+	}
+	sessions := map[string]*stream{}
+	lifecycle := false
+	for i, p := range steps {
+		switch {
+		case p.Reload != "":
+			lifecycle = true
+			text, ok := f.Get(p.Reload)
+			if !ok {
+				t.Fatalf("step %d: no section %q", i, p.Reload)
+			}
+			next, err := ParseConfig([]byte(text))
+			var res ReloadResult
+			if err == nil {
+				res, err = h.Reload(next)
+			}
+			if err != nil {
+				fmt.Fprintf(&b, "reload %s refused: %v\n", p.Reload, err)
+				continue
+			}
+			fmt.Fprintf(&b, "reload %s: %d refused, %d ingest and %d sink streams closed\n", p.Reload, res.Refused, res.ClosedIngest, res.ClosedSinks)
+			for _, c := range h.Conflicts() {
+				fmt.Fprintf(&b, "  conflict %s %s: %s wins over %s (%s)\n", short(c.Collection), c.Name, c.Winner, strings.Join(c.Losers, ","), c.Why)
+			}
+			for _, w := range watched {
+				if w.closed { // the sink reconnects
+					stop(w)
+					watch(w)
+				}
+			}
+			for c, st := range sessions {
+				if st.closed { // the reload closed the cluster's stream: it ends
+					h.sessionClosed(st.s)
+					delete(sessions, c)
+				}
+			}
+			continue
+		case p.Disconnect != "":
+			lifecycle = true
+			if st := sessions[p.Disconnect]; st != nil {
+				h.sessionClosed(st.s)
+				delete(sessions, p.Disconnect)
+			}
+			fmt.Fprintf(&b, "disconnect %s\n", p.Disconnect)
+			continue
+		case p.Advance != "":
+			lifecycle = true
+			d, err := time.ParseDuration(p.Advance)
+			if err != nil {
+				t.Fatalf("step %d: advance: %v", i, err)
+			}
+			clock = clock.Add(d)
+			h.expireStale()
+			fmt.Fprintf(&b, "advance %s:", p.Advance)
+			for _, c := range h.Clusters() {
+				var held []string
+				for coll, n := range c.Resources {
+					held = append(held, fmt.Sprintf("%s=%d", short(coll), n))
+				}
+				sort.Strings(held)
+				fmt.Fprintf(&b, " %s {%s}", c.Name, strings.Join(held, " "))
+			}
+			b.WriteString("\n")
+			continue
+		}
 		c := &mcp.Change{Collection: p.Collection, Incremental: !p.Full, Removed: p.Removed}
 		for _, r := range p.Resources {
 			md := &mcpapi.Metadata{Name: r.Name, Version: r.Version, Labels: r.Labels}
@@ -151,35 +249,64 @@ func runGolden(t *testing.T, path string) {
 			c.Entries = append(c.Entries, e)
 			c.Resources = append(c.Resources, res)
 		}
-		err := h.Apply(p.Cluster, c)
+		st := sessions[p.Cluster]
+		if st == nil {
+			s, err := h.OpenSession(p.Cluster, SessionOptions{Node: minionNode})
+			if err != nil { // a cluster not in the configuration: its stream is refused
+				fmt.Fprintf(&b, "push %d %s %s: refused: %v\n", i, p.Cluster, short(p.Collection), err)
+				continue
+			}
+			st = &stream{s: s}
+			h.sessionOpened(s, mcp.NewStreamInfo(p.Cluster, nil, func() { st.closed = true }))
+			sessions[p.Cluster] = st
+		}
+		err := h.apply(st.s, c)
 		fmt.Fprintf(&b, "push %d %s %s: ", i, p.Cluster, short(p.Collection))
 		if err == nil {
 			b.WriteString("ACK\n")
 			continue
 		}
-		st, _ := status.FromError(err)
-		fmt.Fprintf(&b, "NACK %s\n", st.Code())
-		for _, r := range mcp.Rejections(st.Proto()) {
+		nack, _ := status.FromError(err)
+		fmt.Fprintf(&b, "NACK %s\n", nack.Code())
+		rejections := mcp.Rejections(nack.Proto())
+		if len(rejections) == 0 {
+			fmt.Fprintf(&b, "  %s\n", nack.Message())
+		}
+		for _, r := range rejections {
 			fmt.Fprintf(&b, "  %s: %s\n", r.Resource, r.Reason)
 		}
 	}
 	for _, c := range h.Conflicts() {
 		fmt.Fprintf(&b, "conflict %s %s: %s wins over %s (%s)\n", short(c.Collection), c.Name, c.Winner, strings.Join(c.Losers, ","), c.Why)
 	}
-	for _, v := range views {
-		fmt.Fprintf(&b, "sink identity=%q node=%q -> rules [%s]\n", v.s.Identity, v.s.Node, v.sub.Key())
+	if lifecycle {
+		for _, c := range h.Clusters() {
+			n, refused := 0, 0
+			for _, k := range c.Resources {
+				n += k
+			}
+			for _, r := range c.Rejections {
+				refused += len(r)
+			}
+			fmt.Fprintf(&b, "cluster %s: connected=%v synced=%v resources=%d refused=%d\n", c.Name, c.Connected, c.Synced, n, refused)
+		}
+	}
+	live := h.current().cfg
+	for _, w := range watched {
+		sub := h.current().comp.subset(w.s.Identity, w.s.Node, w.s.Annotations)
+		fmt.Fprintf(&b, "sink identity=%q node=%q -> rules [%s]\n", w.s.Identity, w.s.Node, sub.Key())
 		// What the shared view holds must equal a fresh computation for the subset.
-		fresh := h.store.served(v.sub)
-		for _, coll := range cfg.Collections {
+		fresh := h.store.served(sub)
+		for _, coll := range live.Collections {
 			var lines []string
-			for _, e := range v.cache.Entries(coll) {
+			for _, e := range w.colls[coll].Snapshot().Entries {
 				lines = append(lines, fmt.Sprintf("  %s %s %s", short(coll), e.Name, e.Version))
 				if fresh[coll][e.Name] != e.Version {
-					t.Errorf("sink %s: the incrementally kept view has %s %s at %s, a fresh one %q", v.s.Node, coll, e.Name, e.Version, fresh[coll][e.Name])
+					t.Errorf("sink %s: the incrementally kept view has %s %s at %s, a fresh one %q", w.s.Node, coll, e.Name, e.Version, fresh[coll][e.Name])
 				}
 			}
 			if len(lines) != len(fresh[coll]) {
-				t.Errorf("sink %s: view has %d %s, a fresh one %d", v.s.Node, len(lines), coll, len(fresh[coll]))
+				t.Errorf("sink %s: view has %d %s, a fresh one %d", w.s.Node, len(lines), coll, len(fresh[coll]))
 			}
 			sort.Strings(lines)
 			for _, l := range lines {

@@ -123,6 +123,13 @@ type StreamInfo struct {
 	cancel func()
 }
 
+// NewStreamInfo describes a stream that the engine does not serve, for a store's tests
+// (a fake stream calling the store directly): a peer with identity that sent node; Close
+// calls onClose (which may be nil).
+func NewStreamInfo(identity string, node *mcppb.SinkNode, onClose func()) *StreamInfo {
+	return &StreamInfo{ID: streamIDs.Add(1), Role: "source", Transport: "server", Identity: identity, node: node, cancel: onClose}
+}
+
 // Close ends the stream (its Serve returns, the peer sees the stream end and, being an MCP
 // client, reconnects). Stores use it when what a stream may see has changed in a way an
 // update cannot express, e.g. a configuration reload that routes the peer elsewhere. Safe to

@@ -120,6 +120,9 @@ func TestNewErrorsNameTheField(t *testing.T) {
 		{Config{Rules: []Rule{{Name: "a"}, {Name: "a"}}}, `rules[1].name: "a" is used twice`},
 		{Config{Rules: []Rule{{Name: "a", Labels: "x in ("}}}, "rules[0].labels"},
 		{Config{Rules: []Rule{{Name: "a", Clusters: []string{""}}}}, "rules[0].clusters[0]: empty pattern"},
+		// Namespaces use the ownership's grammar (package hub/pattern).
+		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"*-prod"}}}}, `rules[0].namespaces[0]: "*-prod": "*" may only end the pattern`},
+		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"shop", ""}}}}, `rules[0].namespaces[1]: "": empty pattern`},
 		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, "default.name"},
 		{Config{Rules: []Rule{{Name: "a", Annotations: map[string]string{"": "x"}}}}, "rules[0].annotations: empty key"},
 	} {

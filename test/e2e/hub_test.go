@@ -717,3 +717,100 @@ func metric(t *testing.T, h *hub.Hub, name string) float64 {
 	}
 	return -1
 }
+
+// A cluster removed by a reload is no longer listed by the admin API or `hub status`, and
+// the warm-up no longer waits for it.
+func TestClusterRemovedByReload(t *testing.T) {
+	cfg := twoClusterConfig()
+	cfg.WarmUp = hub.Duration{Duration: time.Hour}
+	h := runHub(t, cfg)
+	ingest, _, admin := h.Addrs()
+	east := t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	runMinion(t, "east", east, ingest)
+	waitFor(t, 10*time.Second, "east synced", func() bool {
+		var cl []api.ClusterStatus
+		getJSON(t, "http://"+admin+"/api/clusters", &cl)
+		return cl[0].Synced
+	})
+	if h.Ready() {
+		t.Fatal("ready before west synced")
+	}
+	next := twoClusterConfig()
+	next.Ingest, next.Serve, next.HTTP, next.WarmUp = cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.WarmUp
+	next.Clusters = next.Clusters[:1]
+	if _, err := h.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	var cl []api.ClusterStatus
+	getJSON(t, "http://"+admin+"/api/clusters", &cl)
+	if len(cl) != 1 || cl[0].Name != "east" {
+		t.Errorf("/api/clusters after west was removed: %+v", cl)
+	}
+	var out bytes.Buffer
+	if err := admincli.Run(context.Background(), []string{"status", "-admin", admin}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "west") {
+		t.Errorf("hub status lists the removed cluster:\n%s", out.String())
+	}
+	if !h.Ready() {
+		t.Error("the warm-up still waits for the removed cluster")
+	}
+}
+
+// `hub why` says that a sink refused (NACKed) the served version, with its reason, and why
+// a held copy is held: which cluster's copy is served, with the values compared.
+func TestWhyExplainsNACKsAndHeldCopies(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shared/common.yaml", vsYAML("common", "shared", "2024-01-02T00:00:00Z", "c.shared.example.com"))
+	writeFile(t, west, "shared/common.yaml", vsYAML("common", "shared", "2024-01-01T00:00:00Z", "c.shared.example.com"))
+	h := runHub(t, twoClusterConfig())
+	ingest, serve, admin := h.Addrs()
+	runMinion(t, "east", east, ingest)
+	runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+
+	refusing := mcp.ApplierFunc(func(_ context.Context, c *mcp.Change) error {
+		if c.Collection == vs {
+			return status.Error(codes.InvalidArgument, "host c.shared.example.com is not allowed here")
+		}
+		return nil
+	})
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: refusing, Logger: logger(t), Node: &mcppb.SinkNode{Id: "global-refuser"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sink.PullFrom(ctx, conn) }()
+	defer func() { cancel(); <-done }()
+
+	var why api.Why
+	waitFor(t, 10*time.Second, "the sink's NACK", func() bool {
+		getJSON(t, "http://"+admin+"/api/why?collection="+vs+"&name=shared/common", &why)
+		return len(why.Sinks) == 1 && why.Sinks[0].NACK != ""
+	})
+	var out bytes.Buffer
+	if err := admincli.Run(context.Background(), []string{"why", "-admin", admin, vs, "shared/common"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"served from cluster west",
+		`also published by east (version east/`,
+		`held: cluster "west"'s copy is served: its create_time 2024-01-01T00:00:00Z is older than "east"'s 2024-01-02T00:00:00Z`,
+		"rules all): refused the latest push (NACK InvalidArgument: host c.shared.example.com is not allowed here)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("hub why does not say %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "not yet acknowledged") {
+		t.Errorf("a sink that NACKed reads as not yet acknowledged:\n%s", out.String())
+	}
+}

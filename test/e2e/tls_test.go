@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,5 +306,64 @@ func TestDevCA(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(state, "ca", "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("ca.key mode: %v %v", fi.Mode().Perm(), err)
+	}
+}
+
+// A sink whose certificate is spiffe://<td>/sink/prod-1 and which sends no SinkNode id is
+// routed by the name in its certificate (a rule on nodeIds [prod-*]) when it subscribes; a
+// reload that does not change its routing keeps its stream, and the sink list and `hub why`
+// show it with that rule.
+func TestSinkRoutedByCertificateName(t *testing.T) {
+	p := newPKI(t)
+	hc, hk, _ := p.ca.Issue(t, p.dir, "hub", "127.0.0.1", "spiffe://"+td+"/hub/h1")
+	cfg := hub.Defaults()
+	cfg.TLS = &meshtls.Config{Files: meshtls.Files{Cert: hc, Key: hk, CA: p.bundle}}
+	cfg.TrustDomain = td
+	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*.shop.example.com"}}}
+	cfg.Collections = []string{vs, dr}
+	cfg.WarmUp = hub.Duration{Duration: time.Minute}
+	cfg.Routing = routing.Config{Rules: []routing.Rule{{Name: "prod", NodeIDs: []string{"prod-*"}}}}
+	h := runHub(t, cfg)
+	ingest, serve, admin := h.Addrs()
+	east := t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	tlsMinion(t, p, "east", east, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+
+	sink := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	var opened atomic.Int32
+	s, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sink, Logger: logger(t), // no SinkNode
+		Hooks: mcp.Hooks{StreamOpened: func(*mcp.StreamInfo) { opened.Add(1) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, scancel := context.WithCancel(context.Background())
+	sdone := make(chan struct{})
+	go func() { defer close(sdone); _ = s.PullFrom(sctx, conn) }()
+	defer func() { scancel(); <-sdone }()
+	waitFor(t, 10*time.Second, "routed by its certificate's name", func() bool { return sink.view(vs) == "shop/cart@east" })
+
+	next := *cfg
+	next.Staleness = hub.StalenessConfig{Default: "1h"}
+	res, err := h.Reload(&next)
+	if err != nil || res.ClosedSinks != 0 {
+		t.Errorf("a reload that changes no routing: %+v, %v; want no sink stream closed", res, err)
+	}
+	var sinks []api.SinkStatus
+	getJSON(t, "http://"+admin+"/api/sinks", &sinks)
+	if len(sinks) != 1 || strings.Join(sinks[0].Rules, ",") != "prod" || opened.Load() != 1 {
+		t.Errorf("/api/sinks = %+v (streams opened: %d), want the one stream with rules [prod]", sinks, opened.Load())
+	}
+	var out bytes.Buffer
+	if err := admincli.Run(context.Background(), []string{"why", "-admin", admin, vs, "shop/cart"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "rules prod): up to date") {
+		t.Errorf("hub why:\n%s", out.String())
 	}
 }
