@@ -1,23 +1,29 @@
-// Package hub is meshfed's central control plane. Minions dial in over MCP ResourceSink
-// and push their cluster's configuration; the hub identifies each cluster by its
-// authenticated transport identity (never by what the peer says), checks every resource
-// against the ownership ACL (package hub/acl), keeps the accepted ones per cluster, merges
-// the clusters' collections (one winner per collection/namespace/name, by a deterministic
-// conflict policy), and serves each sink the subset its routing rules give it (package
-// routing) over MCP ResourceSource, MCP over xDS (istiod 1.9+) and dial-out to sinks that
-// only listen. Sinks with the same subset share one view, encoded once. Clusters whose
-// minion only listens are polled. The configuration reloads without a restart; warm-up and
-// staleness keep sinks from seeing a cluster's objects vanish because a process restarted
-// or a minion disconnected. An admin API explains clusters, sinks, conflicts, owners and
-// what a sink would receive.
+// Package hub is meshfed's central control plane, a single hub: the core every hub runs.
 //
-// With a replicas section, several hubs act as one (replication.go): membership by
-// package hub/replicas (memberlist); each replica holds the clusters whose minion sessions
-// it has (the newest session's epoch wins), serves them as received to its peers over MCP
-// on the ingest listener, and follows the clusters the others hold, handing over without a
-// gap when a cluster's session moves; a replica that starts while a cluster's minion is
-// away takes a peer's copy of it; each listening sink and polled minion is dialed by one
-// replica at a time.
+// One VirtualService's path through it, file by file:
+//
+//   - ingest.go: a minion's stream (it dials in, or the hub polls it) is admitted by its
+//     authenticated transport identity (never by what the peer says) and becomes a Session
+//     of its cluster; each push is checked against the ownership ACL (package hub/acl),
+//     and what is refused is NACKed with the reason and never stored.
+//   - store.go: the accepted resources, per cluster; a resource's served form (origin
+//     annotation, a version qualified by the cluster) is encoded once.
+//   - merge.go: per collection and name, every cluster's resource is a candidate, ordered
+//     by the conflict policy; the first is served.
+//   - views.go: one mcp.Cache per distinct routing subset (package routing), kept up to
+//     date with the winners it includes, shared and encoded once for all its sinks.
+//   - serve.go: each sink's stream (MCP ResourceSource, MCP over xDS for istiod, dial-out
+//     to a sink that only listens) watches its subset's view; sink is the one function
+//     that says who a sink is; the engine (package mcp) pushes and follows ACKs.
+//
+// Around that path: cluster.go (each cluster's lifecycle from entering to leaving the
+// configuration, the warm-up and staleness), reload.go (a new configuration applied
+// without a restart), http.go (the admin API, whose types are package hub/api), config.go
+// (the configuration file and its one literal of defaults).
+//
+// What runs beside the core plugs in through Layer (layer.go), whose single-hub
+// implementation does nothing: the replica layer (package hub/replicas) is one, wired in
+// by cmd/hub only when the configuration has a replicas section.
 //
 // It does not watch Kubernetes or files (the minion does). Its only certificates are those
 // of its optional development CA (package tls).

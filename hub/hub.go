@@ -145,9 +145,6 @@ func (h *Hub) Registry() *prometheus.Registry { return h.reg }
 // streams.
 func (h *Hub) MCPMetrics() *mcp.Metrics { return h.mcpMetrics }
 
-// DialCredentials returns the credentials of the streams the hub dials.
-func (h *Hub) DialCredentials() credentials.TransportCredentials { return h.dialCred }
-
 // Redial keeps one stream the hub dials up until ctx ends (mcp.Redial with the hub's
 // credentials and configured backoff).
 func (h *Hub) Redial(ctx context.Context, addrs []string, log *slog.Logger, stream func(context.Context, *grpc.ClientConn) error) {

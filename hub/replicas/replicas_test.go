@@ -1,0 +1,401 @@
+package replicas
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/replicas/membership"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The replica rules without processes: the layer on a core that is built but not run,
+// driven through its hooks as the core calls them, over a membership held in memory.
+
+// fakeMembers is a membership in memory: what each replica holds, at which epoch.
+type fakeMembers struct {
+	self string
+
+	mu       sync.Mutex
+	addrs    map[string]string            // live replicas -> MCP address
+	holds    map[string]map[string]uint64 // replica -> cluster -> epoch
+	maxEpoch map[string]uint64
+	changed  chan struct{}
+}
+
+func newFakeMembers(self string, peers ...string) *fakeMembers {
+	m := &fakeMembers{self: self, addrs: map[string]string{self: "127.0.0.1:1"}, holds: map[string]map[string]uint64{},
+		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1)}
+	for _, p := range peers {
+		m.addrs[p] = "127.0.0.1:1" // nothing listens: follows dial and retry until stopped
+	}
+	return m
+}
+
+// set records that replica holds cluster at epoch (0: releases it).
+func (m *fakeMembers) set(replica, cluster string, epoch uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds[replica] == nil {
+		m.holds[replica] = map[string]uint64{}
+	}
+	if epoch == 0 {
+		delete(m.holds[replica], cluster)
+		return
+	}
+	m.holds[replica][cluster] = epoch
+	m.maxEpoch[cluster] = max(m.maxEpoch[cluster], epoch)
+}
+
+func (m *fakeMembers) Hold(cluster string) uint64 {
+	m.mu.Lock()
+	e := m.maxEpoch[cluster] + 1
+	m.mu.Unlock()
+	m.set(m.self, cluster, e)
+	return e
+}
+
+func (m *fakeMembers) Release(cluster string, epoch uint64) {
+	m.mu.Lock()
+	held := m.holds[m.self][cluster] == epoch
+	m.mu.Unlock()
+	if held {
+		m.set(m.self, cluster, 0)
+	}
+}
+
+func (m *fakeMembers) Holds(cluster string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.holds[m.self][cluster] > 0
+}
+
+func (m *fakeMembers) Authorities() map[string]membership.Authority {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]membership.Authority{}
+	for r, hs := range m.holds {
+		for c, e := range hs {
+			if a, ok := out[c]; !ok || e > a.Epoch || (e == a.Epoch && r < a.Replica) {
+				out[c] = membership.Authority{Replica: r, MCPAddr: m.addrs[r], Epoch: e}
+			}
+		}
+	}
+	return out
+}
+
+func (m *fakeMembers) Authority(cluster string) (string, uint64, bool) {
+	a, ok := m.Authorities()[cluster]
+	return a.Replica, a.Epoch, ok
+}
+
+func (m *fakeMembers) Replicas() []membership.Replica {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []membership.Replica
+	for r, addr := range m.addrs {
+		out = append(out, membership.Replica{Name: r, MCPAddr: addr})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (m *fakeMembers) Changed() <-chan struct{}         { return m.changed }
+func (m *fakeMembers) Watch() (<-chan struct{}, func()) { return m.changed, func() {} }
+func (m *fakeMembers) Addr() string                     { return "fake" }
+func (m *fakeMembers) Close() error                     { return nil }
+func (m *fakeMembers) Poke() {
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
+
+const vs = "istio/networking/v1alpha3/virtualservices"
+
+// testLayer is replica "self" of a group with peers, its membership fm.
+type testLayer struct {
+	*Layer
+	h   *hub.Hub
+	fm  *fakeMembers
+	ctx context.Context
+	wg  *sync.WaitGroup
+}
+
+func newTestLayer(t *testing.T, peers ...string) *testLayer {
+	t.Helper()
+	cfg, err := hub.ParseConfig([]byte(`
+insecure: true
+collections: [istio/networking/v1alpha3/virtualservices]
+clusters:
+- {name: east, identities: [east], namespaces: [shop], hosts: ["*"]}
+- {name: west, identities: [west], namespaces: [pay], hosts: ["*"]}
+backoff: {initial: 1h, max: 1h}
+replicas: {name: self}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, l, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm := newFakeMembers("self", peers...)
+	l.mem.Store(&memberRef{fm})
+	ctx, cancel := context.WithCancel(context.Background())
+	tl := &testLayer{Layer: l, h: h, fm: fm, ctx: ctx, wg: &sync.WaitGroup{}}
+	t.Cleanup(func() { cancel(); tl.wg.Wait() })
+	return tl
+}
+
+func (tl *testLayer) reconcile() { tl.Layer.reconcile(tl.ctx, tl.wg) }
+
+// following returns which replica the layer follows cluster from ("" for none).
+func (tl *testLayer) following(cluster string) *follow {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if c := tl.clusters[cluster]; c != nil {
+		return c.follow
+	}
+	return nil
+}
+
+// minionSession opens a session of cluster as a minion's stream here.
+func (tl *testLayer) minionSession(t *testing.T, cluster string) *hub.Session {
+	t.Helper()
+	s, err := tl.h.OpenSession(cluster, hub.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl.SessionOpened(s)
+	return s
+}
+
+// followSession is a session of f's stream, as runFollow opens it.
+func (tl *testLayer) followSession(t *testing.T, cluster string, f *follow) *hub.Session {
+	t.Helper()
+	s, err := tl.h.OpenSession(cluster, hub.SessionOptions{Away: f.copy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl.mu.Lock()
+	tl.follows[s] = f
+	tl.mu.Unlock()
+	tl.SessionOpened(s)
+	return s
+}
+
+// One writer per cluster copy: while this replica follows east from a, a minion session of
+// east opening here retires the follow at once (its pushes are dropped) and the next
+// reconciliation stops it; once the minion has delivered everything, this replica holds
+// east at the next epoch and follows it from nowhere.
+func TestOneWriterPerCluster(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	tl.fm.set("a", "east", 1)
+	tl.reconcile()
+	f := tl.following("east")
+	if f == nil || f.replica != "a" {
+		t.Fatalf("following east from %+v, want a", f)
+	}
+	fs := tl.followSession(t, "east", f)
+	if !tl.MayWrite(fs) {
+		t.Fatal("the follow may not write")
+	}
+
+	m := tl.minionSession(t, "east")
+	if tl.MayWrite(fs) || !tl.MayWrite(m) {
+		t.Errorf("after the minion's stream opened: follow may write %v, minion %v; want only the minion", tl.MayWrite(fs), tl.MayWrite(m))
+	}
+	tl.reconcile()
+	if f := tl.following("east"); f != nil {
+		t.Errorf("still following east from %s while its minion resyncs here", f.replica)
+	}
+	if tl.fm.Holds("east") {
+		t.Error("held before the minion delivered everything")
+	}
+
+	tl.SessionDelivered(m)
+	if a, _ := tl.fm.Authorities()["east"]; a.Replica != "self" || a.Epoch != 2 {
+		t.Errorf("authority of east = %+v, want self at epoch 2 (one above a's)", a)
+	}
+	tl.reconcile()
+	if f := tl.following("east"); f != nil {
+		t.Errorf("following east from %s while holding it", f.replica)
+	}
+	if st := tl.Status(); st.Following["east"] != "" || st.Authorities["east"].Replica != "self" {
+		t.Errorf("status = %+v", st)
+	}
+}
+
+// A minion session here whose epoch a newer session elsewhere has superseded writes
+// nothing, and this replica follows the newer session; its end releases nothing that is
+// not its own.
+func TestSupersededSession(t *testing.T) {
+	tl := newTestLayer(t, "b")
+	m := tl.minionSession(t, "east")
+	tl.SessionDelivered(m)
+	if !tl.fm.Holds("east") || !tl.MayWrite(m) {
+		t.Fatal("the synced minion session does not hold east")
+	}
+	tl.fm.set("b", "east", 2) // the minion reconnected to b before this stream was noticed dead
+	if tl.MayWrite(m) {
+		t.Error("a superseded session still writes")
+	}
+	tl.reconcile()
+	if f := tl.following("east"); f == nil || f.replica != "b" {
+		t.Errorf("following east from %+v, want b (the newer session)", f)
+	}
+	tl.SessionClosed(m)
+	if a := tl.fm.Authorities()["east"]; a.Replica != "b" {
+		t.Errorf("authority after the old session ended: %+v", a)
+	}
+}
+
+// Handover: when east's authority moves from a to b, the follow from a stops at once and
+// one from b starts; when nobody holds east, the follow stops and this replica keeps the
+// copy it has.
+func TestHandover(t *testing.T) {
+	tl := newTestLayer(t, "a", "b")
+	if err := tl.h.Apply("east", &mcp.Change{Collection: vs}); err != nil { // this replica has east's state
+		t.Fatal(err)
+	}
+	tl.fm.set("a", "east", 1)
+	tl.reconcile()
+	fromA := tl.following("east")
+	if fromA == nil || fromA.replica != "a" {
+		t.Fatalf("following %+v, want a", fromA)
+	}
+	tl.fm.set("b", "east", 2)
+	tl.reconcile()
+	fromB := tl.following("east")
+	if fromB == nil || fromB.replica != "b" || !fromA.retired.Load() {
+		t.Errorf("after the handover: following %+v, the follow from a retired %v", fromB, fromA.retired.Load())
+	}
+	tl.fm.set("a", "east", 0)
+	tl.fm.set("b", "east", 0)
+	tl.reconcile()
+	if f := tl.following("east"); f != nil || !fromB.retired.Load() {
+		t.Errorf("nobody holds east: following %+v", f)
+	}
+}
+
+// A replica that has no state of a cluster nobody holds takes a peer's copy (an Away
+// session: the cluster is not connected here), and stops asking once the copy arrived.
+func TestCopyOfAnAbsentCluster(t *testing.T) {
+	tl := newTestLayer(t, "a", "b")
+	tl.reconcile()
+	f := tl.following("west")
+	if f == nil || !f.copy || len(f.peers) != 2 {
+		t.Fatalf("following west %+v, want a copy asked of a and b", f)
+	}
+	s := tl.followSession(t, "west", f)
+	if err := tl.h.Apply("west", &mcp.Change{Collection: vs}); err != nil {
+		t.Fatal(err)
+	}
+	tl.SessionClosed(s)
+	if !f.retired.Load() {
+		t.Error("the copy arrived; the follow still asks another peer")
+	}
+	for _, c := range tl.h.Clusters() {
+		if c.Name == "west" && c.Connected {
+			t.Error("a copy counts as the cluster connected")
+		}
+	}
+}
+
+// A minion session that ends releases the cluster; another synced session of the same
+// minion still open here (it reconnected before the old stream was noticed dead) holds it
+// anew.
+func TestReleaseAndRehold(t *testing.T) {
+	tl := newTestLayer(t)
+	m1 := tl.minionSession(t, "east")
+	tl.SessionDelivered(m1)
+	m2 := tl.minionSession(t, "east")
+	tl.SessionDelivered(m2)
+	tl.SessionClosed(m2)
+	if a := tl.fm.Authorities()["east"]; a.Replica != "self" || a.Epoch != 3 {
+		t.Errorf("after the newer session ended: %+v, want self held again at epoch 3", a)
+	}
+	tl.SessionClosed(m1)
+	if tl.fm.Holds("east") {
+		t.Error("east still held after its last session ended")
+	}
+}
+
+// Each dial-out runs on one live replica, and a replica leaving moves only its own tasks.
+func TestDialOutsAssignedByRendezvous(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	assigned := func(live []string, key string) []string {
+		var out []string
+		for _, self := range live {
+			l := &Layer{cfg: hub.ReplicasConfig{Name: self}}
+			l.mem.Store(&memberRef{newFakeMembers(self, without(live, self)...)})
+			if l.assigned(key) {
+				out = append(out, self)
+			}
+		}
+		return out
+	}
+	moved := 0
+	for i := range 30 {
+		key := fmt.Sprintf("poll/c%d", i)
+		all := assigned(names, key)
+		if len(all) != 1 {
+			t.Fatalf("%s runs on %v", key, all)
+		}
+		after := assigned([]string{"a", "b"}, key)
+		if len(after) != 1 || (all[0] != "c" && after[0] != all[0]) {
+			t.Errorf("%s: on %v, then on %v after c left", key, all, after)
+		}
+		if all[0] == "c" {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Error("no task was c's: the test shows nothing")
+	}
+}
+
+func without(list []string, x string) []string {
+	var out []string
+	for _, s := range list {
+		if s != x {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// The feed of a cluster is its resources as received, in the store's order.
+func TestFeedFollowsTheStore(t *testing.T) {
+	tl := newTestLayer(t)
+	body, _ := anypb.New(wrapperspb.String("x"))
+	r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: "shop/a", Version: "7"}, Body: body}
+	e, err := mcp.NewEntry(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.h.Apply("east", &mcp.Change{Collection: vs, Entries: []*mcp.Entry{e}, Resources: []*mcpapi.Resource{r}}); err != nil {
+		t.Fatal(err)
+	}
+	got := tl.feeds.of("east").Entries(vs)
+	if len(got) != 1 || got[0].Version != "7" {
+		t.Errorf("feed of east = %+v, want shop/a at the version received", got)
+	}
+	tl.ClusterRemoved("east")
+	if got := tl.feeds.of("east").Entries(vs); len(got) != 0 {
+		t.Errorf("feed after east was removed = %+v", got)
+	}
+}
