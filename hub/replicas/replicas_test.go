@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
-	mcpapi "istio.io/api/mcp/v1alpha1"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/replicas/membership"

@@ -215,11 +215,15 @@ func (w *World) config(name string, addrs *Hub, seeds []string) *hub.Config {
 // FreeAddr returns a free 127.0.0.1 address whose port is below Linux's ephemeral range
 // (32768 and up), free for UDP too when udp is set. For a process that must be given its
 // addresses up front, or restarted on them: the kernel hands a freed ephemeral port to any
-// other process meanwhile, never one below that range.
+// other process meanwhile, never one below that range. It never returns an address twice in
+// one test process: two processes given the same free port would race for it.
 func FreeAddr(tb TB, udp bool) string {
 	tb.Helper()
 	for range 200 {
 		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		if !handOut(addr) { // free now, but already given to a process that may not listen yet
+			continue
+		}
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
@@ -237,6 +241,22 @@ func FreeAddr(tb TB, udp bool) string {
 	}
 	tb.Fatal("no free port below the ephemeral range")
 	return ""
+}
+
+var (
+	handedMu sync.Mutex
+	handed   = map[string]bool{} // addresses FreeAddr returned
+)
+
+// handOut records addr as given out, unless it already was.
+func handOut(addr string) bool {
+	handedMu.Lock()
+	defer handedMu.Unlock()
+	if handed[addr] {
+		return false
+	}
+	handed[addr] = true
+	return true
 }
 
 // Hub is one replica process.
