@@ -32,6 +32,7 @@ type clusterState struct {
 	synced         bool            // a session has delivered every collection since the cluster was added
 	dropped        map[string]bool // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
+	direct         *Session // Hub.Apply's, which has no stream
 }
 
 // addClusterLocked brings a cluster into the hub's state. The caller holds clustersMu.
@@ -53,7 +54,7 @@ func (h *Hub) removeCluster(name string) int {
 		return 0
 	}
 	cs.mu.Lock()
-	cs.removed = true
+	cs.removed = true // from here on, nothing records metrics of it: forgetting them is final
 	cs.mu.Unlock()
 	h.store.removeCluster(cs.data)
 	closed := cs.closeSessions()
@@ -132,18 +133,15 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 	}
 	s.info = info
 	cs.sessions[s] = true
-	cs.lastContact = h.now()
 	if !s.away {
+		cs.lastContact = h.now()
 		cs.connected++
 		cs.disconnectedAt = time.Time{}
 		cs.dropped = nil
+		h.metrics.connected(cs.name, true) // under cs.mu: a removal forgets the series after
+		cs.log.Info("cluster stream opened", "streams", cs.connected)
 	}
-	connected := cs.connected
 	cs.mu.Unlock()
-	if !s.away {
-		h.metrics.connected(cs.name, true)
-		cs.log.Info("cluster stream opened", "streams", connected)
-	}
 	h.layer.SessionOpened(s)
 }
 
@@ -153,19 +151,15 @@ func (h *Hub) sessionClosed(s *Session) {
 	cs.mu.Lock()
 	open := cs.sessions[s]
 	delete(cs.sessions, s)
-	removed := cs.removed
-	if open && !s.away {
+	if open && !s.away && !cs.removed {
 		cs.lastContact = h.now()
 		if cs.connected--; cs.connected == 0 {
 			cs.disconnectedAt = cs.lastContact
 		}
+		h.metrics.connected(cs.name, cs.connected > 0)
+		cs.log.Info("cluster stream closed", "streams", cs.connected)
 	}
-	connected := cs.connected
 	cs.mu.Unlock()
-	if open && !s.away && !removed {
-		h.metrics.connected(cs.name, connected > 0)
-		cs.log.Info("cluster stream closed", "streams", connected)
-	}
 	if open {
 		h.layer.SessionClosed(s)
 	}
@@ -286,13 +280,21 @@ func (h *Hub) expireStale() {
 			}
 		}
 		cs.mu.Unlock()
-		if len(due) > 0 {
-			n := h.store.dropCollections(cs.data, due)
+		if len(due) == 0 {
+			continue
+		}
+		n, err := h.store.dropCollections(cs.data, due)
+		if err != nil {
+			continue // removed meanwhile: nothing of it is served any more
+		}
+		cs.mu.Lock()
+		if !cs.removed {
 			cs.log.Warn("cluster disconnected for longer than its staleness TTL; its resources are no longer served",
 				"collections", due, "resources", n, "disconnected_at", since)
 			for _, coll := range due {
 				h.metrics.resources(cs.name, coll, 0)
 			}
 		}
+		cs.mu.Unlock()
 	}
 }

@@ -288,7 +288,8 @@ type ReplicasConfig struct {
 	RejoinInterval Duration `json:"rejoinInterval,omitempty"`
 }
 
-// UnmarshalJSON reads a replicas section on top of DefaultReplicas.
+// UnmarshalJSON reads a replicas section on top of DefaultReplicas (not on top of what r
+// held before).
 func (r *ReplicasConfig) UnmarshalJSON(b []byte) error {
 	type plain ReplicasConfig // without this method
 	p := plain(*DefaultReplicas())

@@ -154,6 +154,10 @@ func TestClusterRemovedAndAddedBack(t *testing.T) {
 	if !h.Ready() || sink.names(vsColl) != "pay/b,shop/a" || clusterNames(h) != "east,west" {
 		t.Fatalf("before: ready %v, served %q, clusters %q", h.Ready(), sink.names(vsColl), clusterNames(h))
 	}
+	late, err := h.OpenSession("west", SessionOptions{}) // its stream opens only after the removal
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	res := reload(t, h, strings.Replace(twoClusters, "- {name: west, identities: [west], namespaces: [pay], hosts: [\"*\"]}\n", "", 1))
 	if res.ClosedIngest != 1 || west.closed.Load() != 1 || east.closed.Load() != 0 {
@@ -168,11 +172,16 @@ func TestClusterRemovedAndAddedBack(t *testing.T) {
 	if got := strings.Join(h.ClusterNames(), ","); got != "east" || len(h.pendingClusters()) != 0 {
 		t.Errorf("ClusterNames %q, pending %v", got, h.pendingClusters())
 	}
-	err := h.apply(west.s, vsPush(t, "pay/b", "pay/c"))
+	err = h.apply(west.s, vsPush(t, "pay/b", "pay/c"))
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `cluster "west" is no longer in the hub's configuration`) {
 		t.Errorf("a write from the removed cluster's old session: %v", err)
 	}
 	h.sessionClosed(west.s)
+	var lateClosed atomic.Int32
+	h.sessionOpened(late, mcp.NewStreamInfo("west", nil, func() { lateClosed.Add(1) }))
+	if lateClosed.Load() != 1 {
+		t.Error("a stream of the removed cluster opening late was not closed")
+	}
 	if got := sink.names(vsColl); got != "shop/a" {
 		t.Errorf("served after the old session wrote: %q", got)
 	}
@@ -368,6 +377,35 @@ func TestWhyNACKAndHeldCopy(t *testing.T) {
 				t.Errorf("explain(%s over %s, %+v) = %q, want it to say %q", tc.w.cluster, tc.l.cluster, tc.p, got, want)
 			}
 		}
+	}
+}
+
+// A cluster synced by Apply, one collection per call, is synced once every collection
+// has been applied.
+func TestApplySyncsAcrossCalls(t *testing.T) {
+	h := testHub(t, strings.Replace(twoClusters, "collections: [istio/networking/v1alpha3/virtualservices]",
+		"collections: [istio/networking/v1alpha3/virtualservices, istio/networking/v1alpha3/destinationrules]", 1))
+	for _, c := range []string{"east", "west"} {
+		for _, coll := range h.cfg.Collections {
+			if err := h.Apply(c, &mcp.Change{Collection: coll}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !h.Ready() {
+		t.Errorf("not ready after every cluster applied every collection (pending %v)", h.pendingClusters())
+	}
+}
+
+// A configuration with replicas is built with its layer (package hub/replicas), never as a
+// single hub that silently does not replicate.
+func TestNewRefusesReplicasWithoutTheLayer(t *testing.T) {
+	cfg, err := ParseConfig([]byte(twoClusters + "replicas: {name: a}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(cfg, slog.New(slog.DiscardHandler), Options{}); err == nil || !strings.Contains(err.Error(), "replicas.New") {
+		t.Errorf("New with replicas and no layer: %v", err)
 	}
 }
 

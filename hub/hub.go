@@ -80,18 +80,24 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Replicas != nil && opts.Layer == nil {
+		return nil, errors.New("replicas: a hub with a replicas section is built by package hub/replicas (replicas.New), which plugs in the replica layer")
+	}
 	reg := opts.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
 	layer := opts.Layer
+	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
 	if layer == nil {
 		layer = noLayer{}
+	} else {
+		changed = layer.StateChanged // a single hub keeps nothing of what clusters sent beyond the store
 	}
 	h := &Hub{cfg: cfg, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg), layer: layer, now: time.Now,
 		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer()}
 	h.live.Store(&live{cfg: cfg, comp: comp})
-	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics, layer.StateChanged)
+	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics, changed)
 	for _, c := range cfg.Clusters {
 		h.addClusterLocked(c.Name)
 	}

@@ -179,7 +179,12 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 				cf.Winner, cf.Name, cf.Why)})
 	}
 
+	held := h.store.counts(cs.name)[c.Collection]
 	cs.mu.Lock()
+	if cs.removed { // removed since the store took the push: nothing more is recorded of it
+		cs.mu.Unlock()
+		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
+	}
 	cs.lastContact = h.now()
 	if cs.rejections == nil {
 		cs.rejections = map[string]map[string]string{}
@@ -198,12 +203,12 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	for _, r := range rejected[:refused] {
 		rj[r.Resource] = r.Reason
 	}
-	cs.mu.Unlock()
 	for _, r := range rejected {
 		h.metrics.rejected(cs.name, c.Collection)
 		cs.log.Warn("resource rejected", "collection", c.Collection, "resource", r.Resource, "reason", r.Reason)
 	}
-	h.metrics.resources(cs.name, c.Collection, h.store.counts(cs.name)[c.Collection])
+	h.metrics.resources(cs.name, c.Collection, held) // under cs.mu: a removal forgets the series after
+	cs.mu.Unlock()
 	if !c.More { // a split push has delivered the collection at its last chunk
 		h.delivered(s, c.Collection)
 	}
@@ -225,5 +230,11 @@ func (h *Hub) Apply(cluster string, c *mcp.Change) error {
 	if cs == nil {
 		return fmt.Errorf("cluster %q is not configured", cluster)
 	}
-	return h.apply(&Session{cs: cs, delivered: map[string]bool{}}, c) // a session without a stream
+	cs.mu.Lock()
+	if cs.direct == nil {
+		cs.direct = &Session{cs: cs, delivered: map[string]bool{}} // a session without a stream
+	}
+	s := cs.direct
+	cs.mu.Unlock()
+	return h.apply(s, c)
 }

@@ -33,7 +33,8 @@ type Layer interface {
 
 	// StateChanged reports each change of what a cluster holds, as received (the entries
 	// put, the names removed), in the order the store applied them. ClusterRemoved reports a
-	// cluster leaving the configuration; its sessions have been closed.
+	// cluster leaving the configuration: its state is gone from the core and its open
+	// sessions were told to close (each one's SessionClosed comes when its stream ends).
 	StateChanged(cluster, collection string, put []*mcp.Entry, removed []string)
 	ClusterRemoved(cluster string)
 

@@ -77,7 +77,7 @@ type store struct {
 	log         *slog.Logger
 	collections []string
 	metrics     *Metrics
-	// changed is told every change of a cluster's resources as received (the Layer's
+	// changed, if set, is told every change of a cluster's resources as received (a Layer's
 	// StateChanged), under mu and in order.
 	changed func(cluster, collection string, put []*mcp.Entry, removed []string)
 
@@ -174,7 +174,9 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 			delete(held, n)
 			s.dropCandidateLocked(old)
 			touched[n] = true
-			removed = append(removed, n)
+			if s.changed != nil {
+				removed = append(removed, n)
+			}
 		}
 	}
 	for _, r := range put {
@@ -187,7 +189,9 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 		held[r.name] = r
 		s.addCandidateLocked(r)
 		touched[r.name] = true
-		putReceived = append(putReceived, r.received)
+		if s.changed != nil {
+			putReceived = append(putReceived, r.received)
+		}
 	}
 	s.publishLocked(collection, touched)
 	s.changedLocked(d.name, collection, putReceived, removed)
@@ -205,7 +209,7 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 
 // changedLocked tells changed what a cluster's resources became (removed names sorted).
 func (s *store) changedLocked(cluster, collection string, put []*mcp.Entry, removed []string) {
-	if len(put) == 0 && len(removed) == 0 {
+	if s.changed == nil || (len(put) == 0 && len(removed) == 0) {
 		return
 	}
 	sort.Strings(removed)
@@ -213,20 +217,21 @@ func (s *store) changedLocked(cluster, collection string, put []*mcp.Entry, remo
 }
 
 // dropCollections removes what d holds in the given collections (staleness) and returns
-// how many resources it removed.
-func (s *store) dropCollections(d *clusterData, collections []string) int {
+// how many resources it removed, or errRemoved.
+func (s *store) dropCollections(d *clusterData, collections []string) (int, error) {
 	n := 0
 	for _, c := range collections {
 		s.mu.Lock()
 		held := len(d.colls[c])
 		s.mu.Unlock()
 		if held > 0 {
-			if _, err := s.apply(d, c, nil, nil, true, nil); err == nil {
-				n += held
+			if _, err := s.apply(d, c, nil, nil, true, nil); err != nil {
+				return n, err
 			}
+			n += held
 		}
 	}
-	return n
+	return n, nil
 }
 
 // counts returns how many resources each cluster holds per collection.

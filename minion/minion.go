@@ -78,8 +78,11 @@ func NewTelemetry() *Telemetry {
 	return &Telemetry{Registry: reg, Metrics: NewMetrics(reg), MCP: mcp.NewMetrics(reg)}
 }
 
-// New builds a Minion for cfg (which must be validated).
+// New builds a Minion for cfg; a configuration that does not validate is an error.
 func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	kinds, err := cfg.ResolveKinds()
 	if err != nil {
 		return nil, err
@@ -418,8 +421,6 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 		if cfg, err = LoadConfig(path); err != nil {
 			return err
 		}
-	} else if err := cfg.Validate(); err != nil {
-		return err
 	}
 	changes := make(chan *Config, 1)
 	g, ctx := errgroup.WithContext(ctx)

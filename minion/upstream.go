@@ -29,6 +29,9 @@ func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *St
 	if err != nil {
 		return nil, err
 	}
+	if err := backoff.Check("backoff"); err != nil {
+		return nil, err
+	}
 	colls := make([]string, 0, len(kinds))
 	for _, k := range kinds {
 		colls = append(colls, k.Collection)

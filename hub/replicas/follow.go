@@ -68,15 +68,18 @@ func (l *Layer) followPeers(ctx context.Context) {
 func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	m := l.members()
 	auth := m.Authorities()
-	names := l.h.ClusterNames()
 	held, followed := map[string]bool{}, map[string]bool{}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	names := l.h.ClusterNames() // under l.mu: a cluster added meanwhile is not taken for a removed one
 	for name, c := range l.clusters {
-		if !slices.Contains(names, name) { // no longer configured: nothing to follow
-			if c.follow != nil {
-				c.follow.stop()
-			}
+		if slices.Contains(names, name) {
+			continue
+		}
+		// No longer configured: nothing to follow. Its state goes with its last minion
+		// session, whose end (SessionClosed, after the core closed it) releases its hold.
+		l.stopLocked(name, c, "")
+		if len(c.minion) == 0 {
 			delete(l.clusters, name)
 			l.metrics.forget(name)
 		}

@@ -399,3 +399,39 @@ func TestFeedFollowsTheStore(t *testing.T) {
 		t.Errorf("feed after east was removed = %+v", got)
 	}
 }
+
+// A held cluster that leaves the configuration is released when its minion's stream ends,
+// even when the reconciliation the removal pokes runs first.
+func TestRemovedClusterReleased(t *testing.T) {
+	tl := newTestLayer(t)
+	m := tl.minionSession(t, "east")
+	tl.SessionDelivered(m)
+	if !tl.fm.Holds("east") {
+		t.Fatal("east not held")
+	}
+	next, err := hub.ParseConfig([]byte(`
+insecure: true
+collections: [istio/networking/v1alpha3/virtualservices]
+clusters:
+- {name: west, identities: [west], namespaces: [pay], hosts: ["*"]}
+backoff: {initial: 1h, max: 1h}
+replicas: {name: self}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tl.h.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	tl.reconcile()      // poked by ClusterRemoved
+	tl.SessionClosed(m) // the stream's end, as the core reports it
+	if tl.fm.Holds("east") {
+		t.Errorf("east still held after it was removed and its session ended: %+v", tl.fm.Authorities())
+	}
+	tl.reconcile()
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if _, ok := tl.clusters["east"]; ok {
+		t.Error("the removed cluster's state outlives its last session")
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -242,6 +243,20 @@ func runSink(t *testing.T, serveAddr, identity, node string, incremental bool) *
 	}()
 	t.Cleanup(func() { cancel(); <-done; conn.Close() })
 	return sc
+}
+
+// pullOnce runs one stream of sink from addr over creds until the test ends (no redial:
+// a test that counts streams sees each one).
+func pullOnce(t *testing.T, addr string, creds credentials.TransportCredentials, sink *mcp.Sink) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sink.PullFrom(ctx, conn) }()
+	t.Cleanup(func() { cancel(); <-done; conn.Close() })
 }
 
 func getJSON(t *testing.T, url string, v any) {
@@ -781,15 +796,7 @@ func TestWhyExplainsNACKsAndHeldCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sink.PullFrom(ctx, conn) }()
-	defer func() { cancel(); <-done }()
+	pullOnce(t, serve, insecure.NewCredentials(), sink)
 
 	var why api.Why
 	waitFor(t, 10*time.Second, "the sink's NACK", func() bool {

@@ -285,15 +285,7 @@ func TestDevCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(credsFrom(t, filepath.Join(certs, "s1.crt"), filepath.Join(certs, "s1.key"), filepath.Join(certs, "ca.crt"))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	sctx, scancel := context.WithCancel(context.Background())
-	sdone := make(chan struct{})
-	go func() { defer close(sdone); _ = s.PullFrom(sctx, conn) }()
-	defer func() { scancel(); <-sdone }()
+	pullOnce(t, serve, credsFrom(t, filepath.Join(certs, "s1.crt"), filepath.Join(certs, "s1.key"), filepath.Join(certs, "ca.crt")), s)
 	waitFor(t, 10*time.Second, "the sink's view", func() bool { return sink.view(vs) == "shop/cart@east" })
 
 	// A second hub on the same state directory reuses the CA.
@@ -337,15 +329,7 @@ func TestSinkRoutedByCertificateName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	sctx, scancel := context.WithCancel(context.Background())
-	sdone := make(chan struct{})
-	go func() { defer close(sdone); _ = s.PullFrom(sctx, conn) }()
-	defer func() { scancel(); <-sdone }()
+	pullOnce(t, serve, p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1")), s)
 	waitFor(t, 10*time.Second, "routed by its certificate's name", func() bool { return sink.view(vs) == "shop/cart@east" })
 
 	next := *cfg
