@@ -4,7 +4,8 @@
 // issue`, which issues a cluster's or a sink's certificate from the hub's development CA.
 //
 // Nothing here changes a running hub. It is not the admin API itself (package hub serves
-// that).
+// that); it reads the API's documents as package hub/api defines them, and links neither the
+// hub's server nor its replica layer.
 package admin
 
 import (
