@@ -109,11 +109,9 @@ func (h *Hub) ClusterSynced(cluster string) bool {
 // resending what the hub does not hold (after a reload that widened what it owns).
 func (cs *clusterState) closeSessions() int {
 	cs.mu.Lock()
-	var open []*Session
+	open := make([]*Session, 0, len(cs.sessions))
 	for s := range cs.sessions {
-		if s.info != nil {
-			open = append(open, s)
-		}
+		open = append(open, s) // a session is in the set once its stream has opened
 	}
 	cs.mu.Unlock()
 	for _, s := range open {

@@ -259,6 +259,18 @@ func pullOnce(t *testing.T, addr string, creds credentials.TransportCredentials,
 	t.Cleanup(func() { cancel(); <-done; conn.Close() })
 }
 
+// federate runs a hub of twoClusterConfig with the minions of east and west publishing
+// those directories, and waits until it is ready.
+func federate(t *testing.T, east, west string) *hub.Hub {
+	t.Helper()
+	h := runHub(t, twoClusterConfig())
+	ingest, _, _ := h.Addrs()
+	runMinion(t, "east", east, ingest)
+	runMinion(t, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	return h
+}
+
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -507,11 +519,8 @@ func TestHubServesMCPOverXDS(t *testing.T) {
 	east, west := t.TempDir(), t.TempDir()
 	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
 	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
-	h := runHub(t, twoClusterConfig())
-	ingest, serve, _ := h.Addrs()
-	runMinion(t, "east", east, ingest)
-	runMinion(t, "west", west, ingest)
-	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	h := federate(t, east, west)
+	_, serve, _ := h.Addrs()
 	mcpSink := runSink(t, serve, "", "east-istiod", false)
 	waitFor(t, 10*time.Second, "mcp sink", func() bool { return mcpSink.view(vs) == "shop/cart@east" })
 
@@ -780,11 +789,8 @@ func TestWhyExplainsNACKsAndHeldCopies(t *testing.T) {
 	east, west := t.TempDir(), t.TempDir()
 	writeFile(t, east, "shared/common.yaml", vsYAML("common", "shared", "2024-01-02T00:00:00Z", "c.shared.example.com"))
 	writeFile(t, west, "shared/common.yaml", vsYAML("common", "shared", "2024-01-01T00:00:00Z", "c.shared.example.com"))
-	h := runHub(t, twoClusterConfig())
-	ingest, serve, admin := h.Addrs()
-	runMinion(t, "east", east, ingest)
-	runMinion(t, "west", west, ingest)
-	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	h := federate(t, east, west)
+	_, serve, admin := h.Addrs()
 
 	refusing := mcp.ApplierFunc(func(_ context.Context, c *mcp.Change) error {
 		if c.Collection == vs {
