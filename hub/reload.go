@@ -118,14 +118,15 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 func (h *Hub) RunWithReload(ctx context.Context, path string) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return h.Run(ctx) })
-	g.Go(func() error { return h.watchConfig(ctx, path) })
+	g.Go(func() error { return h.watchConfig(ctx, path, 100*time.Millisecond) })
 	return g.Wait()
 }
 
-// watchConfig reloads the file after each burst of changes to its directory.
-func (h *Hub) watchConfig(ctx context.Context, path string) error {
-	return ops.WatchFile(ctx, path, 100*time.Millisecond, h.log, func() {
-		next, err := LoadConfig(path)
+// watchConfig applies each new content of the file. Each content is judged once: a refused
+// one is logged and counted once, however often the file or its directory is touched after.
+func (h *Hub) watchConfig(ctx context.Context, path string, debounce time.Duration) error {
+	return ops.WatchFile(ctx, path, debounce, h.log, func(data []byte) {
+		next, err := ParseConfig(data)
 		if err == nil && reflect.DeepEqual(next, h.current().cfg) {
 			return
 		}
@@ -133,7 +134,7 @@ func (h *Hub) watchConfig(ctx context.Context, path string) error {
 			_, err = h.Reload(next)
 		}
 		if err != nil {
-			h.log.Error("configuration refused; keeping the running one", "err", err)
+			h.log.Error("configuration refused; keeping the running one", "path", path, "err", err)
 			h.metrics.reload("refused")
 			return
 		}

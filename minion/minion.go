@@ -425,7 +425,7 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 	changes := make(chan *Config, 1)
 	g, ctx := errgroup.WithContext(ctx)
 	if path != "" {
-		g.Go(func() error { return watchConfig(ctx, path, cfg, log, tel, changes) })
+		g.Go(func() error { return watchConfig(ctx, path, cfg, DefaultDebounce, log, tel, changes) })
 	}
 	g.Go(func() error {
 		m, err := New(cfg, log, tel)
@@ -474,12 +474,14 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 	return g.Wait()
 }
 
-// watchConfig sends each valid new version of the file on changes; invalid ones are logged.
-func watchConfig(ctx context.Context, path string, current *Config, log *slog.Logger, tel *Telemetry, changes chan<- *Config) error {
-	return ops.WatchFile(ctx, path, DefaultDebounce, log, func() {
-		cfg, err := LoadConfig(path)
+// watchConfig sends each valid new content of the file on changes. Each content is judged
+// once: an invalid one is logged and counted once, however often the file or its directory
+// is touched after.
+func watchConfig(ctx context.Context, path string, current *Config, debounce time.Duration, log *slog.Logger, tel *Telemetry, changes chan<- *Config) error {
+	return ops.WatchFile(ctx, path, debounce, log, func(data []byte) {
+		cfg, err := ParseConfig(data)
 		if err != nil {
-			log.Error("configuration refused; keeping the running one", "err", err)
+			log.Error("configuration refused; keeping the running one", "path", path, "err", err)
 			tel.Metrics.reload("refused")
 			return
 		}

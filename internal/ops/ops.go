@@ -170,10 +170,16 @@ func ServeHTTP(ctx context.Context, g *errgroup.Group, addr string, h http.Handl
 	return lis.Addr().String(), nil
 }
 
-// WatchFile calls changed after every burst of changes (settled for debounce) in path's
-// directory — editors and Kubernetes ConfigMap mounts replace files rather than write them —
-// until ctx ends.
-func WatchFile(ctx context.Context, path string, debounce time.Duration, log *slog.Logger, changed func()) error {
+// WatchFile follows the file at path until ctx ends. It calls changed with the file's
+// content once the watch is up, so that a change made after the caller read the file is not
+// lost, and then after each burst of changes to the file (settled for debounce) whose content
+// differs from the last one passed: writes to other files of the directory, a touch or a save
+// of the same bytes call nothing, so a refused content is judged once.
+//
+// The directory is watched, for the events that concern the file: editors replace it by a
+// rename, and a Kubernetes ConfigMap mount (path a symlink through the ..data symlink) swaps
+// ..data to a new directory, which a watch of the file itself would not see.
+func WatchFile(ctx context.Context, path string, debounce time.Duration, log *slog.Logger, changed func(data []byte)) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return err
@@ -182,17 +188,35 @@ func WatchFile(ctx context.Context, path string, debounce time.Duration, log *sl
 	if err := w.Add(filepath.Dir(path)); err != nil {
 		return err
 	}
+	name := filepath.Base(path)
+	var last []byte // what changed was last given
+	seen := false
+	read := func() {
+		data, err := os.ReadFile(path)
+		switch {
+		case err != nil:
+			log.Warn("configuration file unreadable; keeping the running configuration", "path", path, "err", err)
+		case seen && bytes.Equal(data, last):
+			log.Debug("configuration file unchanged", "path", path)
+		default:
+			last, seen = data, true
+			changed(data)
+		}
+	}
+	read()
 	var fire <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-w.Events:
-			fire = time.After(debounce)
+		case ev := <-w.Events:
+			if b := filepath.Base(ev.Name); b == name || b == "..data" {
+				fire = time.After(debounce)
+			}
 		case err := <-w.Errors:
 			log.Warn("config watcher error", "err", err)
 		case <-fire:
-			changed()
+			read()
 		}
 	}
 }

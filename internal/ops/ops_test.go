@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,12 +9,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 func TestDurationAndDecodeStrict(t *testing.T) {
@@ -43,7 +48,7 @@ func TestDurationAndDecodeStrict(t *testing.T) {
 	}
 }
 
-func TestServeHTTPAndWatchFile(t *testing.T) {
+func TestServeHTTP(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	g, gctx := errgroup.WithContext(ctx)
 	mux := http.NewServeMux()
@@ -57,25 +62,220 @@ func TestServeHTTPAndWatchFile(t *testing.T) {
 		t.Fatalf("pprof: %v %v", resp, err)
 	}
 	resp.Body.Close()
-
-	dir := t.TempDir()
-	path := filepath.Join(dir, "c.yaml")
-	var calls atomic.Int32
-	g.Go(func() error {
-		return WatchFile(gctx, path, 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)), func() { calls.Add(1) })
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for calls.Load() == 0 && time.Now().Before(deadline) {
-		_ = os.WriteFile(path, []byte("x"), 0o644) // until the watcher is up and sees one
-		time.Sleep(20 * time.Millisecond)
-	}
-	if calls.Load() == 0 {
-		t.Fatal("no change seen")
-	}
 	cancel()
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// watched is WatchFile running on a file until the test ends.
+type watched struct {
+	t  *testing.T
+	mu sync.Mutex
+	// got are the contents changed was called with; log is what WatchFile logged.
+	got []string
+	log bytes.Buffer
+}
+
+func watch(t *testing.T, path string) *watched {
+	t.Helper()
+	w := &watched{t: t}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testlog.Writer(t, ""), lockedWriter{&w.mu, &w.log}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchFile(ctx, path, time.Millisecond, log, func(data []byte) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.got = append(w.got, string(data))
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("WatchFile: %v", err)
+		}
+	})
+	return w
+}
+
+// calls waits until changed has been called len(want) times and checks it was with want, in
+// order.
+func (w *watched) calls(want ...string) {
+	w.t.Helper()
+	got := func() []string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return slices.Clone(w.got)
+	}
+	testwait.For(w.t, 10*time.Second, fmt.Sprintf("calls with %q", want), func() bool { return len(got()) >= len(want) })
+	if g := got(); !slices.Equal(g, want) {
+		w.t.Fatalf("called with %q, want %q", g, want)
+	}
+}
+
+// unchanged returns how many times the file was read and found as last passed.
+func (w *watched) unchanged() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Count(w.log.String(), "configuration file unchanged")
+}
+
+// waitUnchanged waits until the file has been found unchanged n times in all: what was done
+// to it since has been seen, and is not merged into the next change's burst.
+func (w *watched) waitUnchanged(n int) {
+	w.t.Helper()
+	testwait.For(w.t, 10*time.Second, fmt.Sprintf("%d reads of an unchanged file", n), func() bool { return w.unchanged() >= n })
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// replace writes content to path by a rename, as editors and `mv` do: a reader never sees
+// the file half-written.
+func replace(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Writes to another file of the directory call nothing, and do not even read the file.
+func TestWatchFileIgnoresOtherFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hub.yaml")
+	replace(t, path, "v1")
+	w := watch(t, path)
+	w.calls("v1")
+	log, err := os.OpenFile(filepath.Join(dir, "hub.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	for range 100 {
+		if _, err := log.WriteString("a line\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replace(t, filepath.Join(dir, "other.yaml"), "v2")
+	// Events come in order: once this change is seen, the ones above have been.
+	replace(t, path, "v2")
+	w.calls("v1", "v2")
+	if n := w.unchanged(); n != 0 {
+		t.Errorf("the file was read %d times for other files' events", n)
+	}
+}
+
+// The file written again with the same bytes (in place, or replaced), touched or chmodded
+// calls nothing.
+func TestWatchFileIgnoresTheSameBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hub.yaml")
+	replace(t, path, "v1")
+	w := watch(t, path)
+	w.calls("v1")
+	f, err := os.OpenFile(path, os.O_WRONLY, 0) // not truncated: never read half-written
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("v1"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	w.waitUnchanged(1)
+	replace(t, path, "v1")
+	w.waitUnchanged(2)
+	if now := time.Now(); os.Chtimes(path, now, now) != nil {
+		t.Fatal("touch")
+	}
+	w.waitUnchanged(3)
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.waitUnchanged(4)
+	replace(t, path, "v2")
+	w.calls("v1", "v2")
+}
+
+// Each distinct content is passed once, after its burst of events settles.
+func TestWatchFileOncePerContent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hub.yaml")
+	replace(t, path, "v1")
+	w := watch(t, path)
+	w.calls("v1")
+	replace(t, path, "v2")
+	w.calls("v1", "v2")
+	replace(t, path, "v2")
+	w.waitUnchanged(1)
+	replace(t, path, "v3")
+	w.calls("v1", "v2", "v3")
+	replace(t, path, "v1") // not the last one passed: a change
+	w.calls("v1", "v2", "v3", "v1")
+}
+
+// A Kubernetes ConfigMap mount: the file is a symlink through ..data, which the kubelet swaps
+// atomically to a new timestamped directory.
+func TestWatchFileConfigMapSwap(t *testing.T) {
+	dir := t.TempDir()
+	version := func(ts, content string) {
+		t.Helper()
+		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, ts, "hub.yaml"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(ts, filepath.Join(dir, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..2026_a", "v1")
+	path := filepath.Join(dir, "hub.yaml")
+	if err := os.Symlink(filepath.Join("..data", "hub.yaml"), path); err != nil {
+		t.Fatal(err)
+	}
+	w := watch(t, path)
+	w.calls("v1")
+	version("..2026_b", "v2")
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_a")); err != nil {
+		t.Fatal(err)
+	}
+	w.calls("v1", "v2")
+}
+
+// An editor's save by rename is seen: a new file moved over the old one, or the old one moved
+// away and a new one created under the name (a link here, so it is never read half-written).
+func TestWatchFileRenameReplace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hub.yaml")
+	replace(t, path, "v1")
+	w := watch(t, path)
+	w.calls("v1")
+	replace(t, path, "v2")
+	w.calls("v1", "v2")
+	if err := os.Rename(path, path+"~"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+".new", []byte("v3"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+	w.calls("v1", "v2", "v3")
 }
 
 func TestLoadFileAndLogger(t *testing.T) {

@@ -1,0 +1,88 @@
+package minion
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A refused configuration is logged and counted once, however often its directory changes:
+// here the minion logs to a file next to its configuration, so every refusal line is itself
+// a change in the directory. Another file written, the refused file saved again unchanged and
+// touched refuse nothing more; a valid change after them goes through.
+func TestRefusedConfigurationOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "minion.yaml")
+	conf := func(cluster string) string {
+		return "cluster: " + cluster + "\nsources: [{url: 'fs://" + dir + "'}]\ndestinations: {push: ['push://127.0.0.1:1']}\nhttp: ''\ninsecure: true\n"
+	}
+	write(t, dir, "minion.yaml", conf("east"))
+	current, err := ParseConfig([]byte(conf("east")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendTo := func(name string) *os.File {
+		t.Helper()
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	logPath := filepath.Join(dir, "minion.log")
+	log := slog.New(slog.NewTextHandler(appendTo("minion.log"), nil))
+	tel := NewTelemetry()
+	changes := make(chan *Config, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- watchConfig(ctx, path, current, time.Millisecond, log, tel, changes) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("watchConfig: %v", err)
+		}
+		if t.Failed() {
+			log, _ := os.ReadFile(logPath)
+			t.Logf("minion.log:\n%s", log)
+		}
+	}()
+	refusals := func() float64 {
+		return metricValue(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "refused"})
+	}
+
+	refused := conf("east") + "surprise: true\n"
+	write(t, dir, "minion.yaml", refused)
+	waitFor(t, 10*time.Second, "the refusal", func() bool { return refusals() >= 1 })
+	access := appendTo("access.log")
+	for range 50 {
+		if _, err := access.WriteString("GET /\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, dir, "minion.yaml", refused)
+	if now := time.Now(); os.Chtimes(path, now, now) != nil {
+		t.Fatal("touch")
+	}
+	// Changes are seen in order: once this one is sent, the ones above have been seen.
+	write(t, dir, "minion.yaml", conf("west"))
+	select {
+	case next := <-changes:
+		if next.Cluster != "west" {
+			t.Errorf("sent a configuration of cluster %q, want west", next.Cluster)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the valid change was not sent")
+	}
+	logged, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, got := bytes.Count(logged, []byte("configuration refused")), refusals(); n != 1 || got != 1 {
+		t.Errorf("%d refusals logged, %v counted; want 1 and 1", n, got)
+	}
+}
