@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -96,7 +97,11 @@ func (a *admission) admit(ctx context.Context, role string) (*StreamInfo, error)
 		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
 			ErrRateLimited, key, a.cfg.StreamRate, a.cfg.StreamBurst)
 	}
-	return newStreamInfo(role, "server", addr, identity), nil
+	info := newStreamInfo(role, "server", addr, identity)
+	if md, ok := metadata.FromIncomingContext(ctx); ok && mdResumes(md) {
+		info.setResumes()
+	}
+	return info, nil
 }
 
 func (a *admission) limiter(key string) *rate.Limiter {
@@ -148,6 +153,9 @@ func (s *SourceServer) EstablishResourceStream(stream grpc.BidiStreamingServer[m
 	ctx := stream.Context()
 	info, err := s.adm.admit(ctx, "source")
 	if err != nil {
+		return err
+	}
+	if err := stream.SendHeader(resumesMD); err != nil {
 		return err
 	}
 	return serverError(ctx, s.src.Serve(ctx, stream, info))
@@ -207,7 +215,7 @@ func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) e
 // identity and node, so the Watcher routes it as it would that sink dialing in (a hub dialing
 // out to a sink that only listens uses this with the sink's configured identity).
 func (s *Source) PushToAs(parent context.Context, conn grpc.ClientConnInterface, identity string, node *mcppb.SinkNode) error {
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(parent, metadata.Join(mdFrom(parent), resumesMD)))
 	defer cancel()
 	st, err := conn.NewStream(ctx, &mcppb.ResourceSink_ServiceDesc.Streams[0], mcppb.ResourceSink_EstablishResourceStream_FullMethodName, callOptions()...)
 	if err != nil {
@@ -225,19 +233,36 @@ func (s *Source) PushToAs(parent context.Context, conn grpc.ClientConnInterface,
 
 // PullFrom opens a stream to the ResourceSource service on conn and runs the sink role on it
 // until the stream fails or ctx is done. It returns nil only when the source closed the
-// stream cleanly.
+// stream cleanly. A stream the source ends because it does not serve a collection is
+// followed at once by one without that collection (see Negotiation).
 func (k *Sink) PullFrom(parent context.Context, conn grpc.ClientConnInterface) error {
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
 	opts := callOptions()
 	if k.opts.MaxMessageSize > 0 {
 		opts = append(opts, grpc.MaxCallRecvMsgSize(k.opts.MaxMessageSize))
 	}
+	for {
+		before := len(k.Refused())
+		err := k.pullOnce(parent, conn, opts)
+		if _, ok := refusedCollection(err); !ok || len(k.Refused()) == before || parent.Err() != nil {
+			return clientError(parent, err)
+		}
+	}
+}
+
+func (k *Sink) pullOnce(parent context.Context, conn grpc.ClientConnInterface, opts []grpc.CallOption) error {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
 	st, err := conn.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, opts...)
 	if err != nil {
-		return clientError(parent, fmt.Errorf("open ResourceSource stream to %s: %w", target(conn), err))
+		return fmt.Errorf("open ResourceSource stream to %s: %w", target(conn), err)
 	}
-	return clientError(parent, k.Serve(ctx, st, newStreamInfo("sink", "client", target(conn), "")))
+	return k.Serve(ctx, st, newStreamInfo("sink", "client", target(conn), ""))
+}
+
+// mdFrom returns the outgoing metadata ctx already carries (a caller's identity header).
+func mdFrom(ctx context.Context) metadata.MD {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md
 }
 
 // clientError reports the caller's own cancellation as its context error rather than as the

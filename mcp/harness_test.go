@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -263,8 +264,14 @@ type rawSource struct {
 
 // newRawSource connects a hand-driven source to sink over direction d. newSink is used by the
 // SinkServer for each stream (sinkServes); with sourceServes the sink dials a raw
-// ResourceSource server.
+// ResourceSource server. The source says it resumes (ResumesHeader), as this engine's do.
 func newRawSource(t testing.TB, sink *Sink, d direction) *rawSource {
+	t.Helper()
+	return newRawSourceAs(t, sink, d, true)
+}
+
+// newRawSourceAs is newRawSource for a source that says it resumes or, like Istio's, not.
+func newRawSourceAs(t testing.TB, sink *Sink, d direction, resumes bool) *rawSource {
 	t.Helper()
 	r := &rawSource{t: t, recv: make(chan *mcppb.RequestResources, 1024), errc: make(chan error, 1)}
 	switch d {
@@ -274,6 +281,9 @@ func newRawSource(t testing.TB, sink *Sink, d direction) *rawSource {
 		})
 		cc := dial(t, addr)
 		ctx, cancel := context.WithCancel(context.Background())
+		if resumes {
+			ctx = metadata.NewOutgoingContext(ctx, resumesMD)
+		}
 		st, err := mcppb.NewResourceSinkClient(cc).EstablishResourceStream(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -297,6 +307,11 @@ func newRawSource(t testing.TB, sink *Sink, d direction) *rawSource {
 		stop := make(chan struct{})
 		addr := serve(t, func(s *grpc.Server) {
 			mcppb.RegisterResourceSourceServer(s, &rawSourceServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
+				if resumes {
+					if err := st.SendHeader(resumesMD); err != nil {
+						return err
+					}
+				}
 				streams <- st
 				select {
 				case <-stop:

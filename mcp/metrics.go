@@ -19,6 +19,7 @@ type Metrics struct {
 	ackLatency      *prometheus.HistogramVec
 	ignoredReqs     *prometheus.CounterVec
 	pushErrors      *prometheus.CounterVec
+	refusedColls    *prometheus.CounterVec
 
 	// received bytes per role, bound once: every request and push adds to them.
 	recvSource, recvSink prometheus.Counter
@@ -49,8 +50,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Messages ignored by the engine, by reason (stale_nonce, no_collection, unknown_collection, trigger, ...)."}, []string{"reason"}),
 		pushErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "push_errors_total",
 			Help: "Pushes or resources that could not be sent, by collection and reason."}, []string{"collection", "reason"}),
+		refusedColls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "collections_refused_total",
+			Help: "Collections a peer refused to serve, each counted once per refusal (the sink goes on without it), by collection."}, []string{"collection"}),
 	}
-	reg.MustRegister(m.streamsOpen, m.streamsTotal, m.streamsRejected, m.pushes, m.acks, m.nacks, m.bytes, m.ackLatency, m.ignoredReqs, m.pushErrors)
+	reg.MustRegister(m.streamsOpen, m.streamsTotal, m.streamsRejected, m.pushes, m.acks, m.nacks, m.bytes, m.ackLatency, m.ignoredReqs, m.pushErrors, m.refusedColls)
 	m.recvSource, m.recvSink = m.bytes.WithLabelValues("source", "received"), m.bytes.WithLabelValues("sink", "received")
 	return m
 }
@@ -123,6 +126,13 @@ func (m *Metrics) ignored(reason string) {
 		return
 	}
 	m.ignoredReqs.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) refused(collection string) {
+	if m == nil {
+		return
+	}
+	m.refusedColls.WithLabelValues(collection).Inc()
 }
 
 func (m *Metrics) pushError(collection, reason string) {

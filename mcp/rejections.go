@@ -17,10 +17,23 @@ type Rejection struct {
 	Reason string
 }
 
-// RejectionError builds the error an Applier returns to NACK a push while naming every
-// resource it refused. The NACK's error_detail then has code, a summary message, and one
-// google.rpc.BadRequest detail whose field violations are the rejections (field = resource
-// name, description = reason), which Rejections reads back. Any gRPC peer can read it.
+// Partial acceptance. A NACK means, to any MCP source, "this push was not applied": Istio's
+// sources keep what the sink last acknowledged and send the next version against it. A sink
+// that applied all of a push but a few resources says so with an ErrorInfo detail
+// (PartialReason in PartialDomain) next to the BadRequest naming the refused ones: the NACK
+// is still a NACK on the wire (the refusal is reported, and a stock source stays correct),
+// but this engine's sources take the push's version as acknowledged, so the refused
+// resources are not resent with every later push, only when they change.
+const (
+	PartialDomain = "meshfed.io"
+	PartialReason = "PARTIALLY_APPLIED"
+)
+
+// RejectionError builds the error an Applier returns to NACK a push it applied except for
+// the resources it names. The NACK's error_detail then has code, a summary message, an
+// ErrorInfo saying the rest was applied, and one google.rpc.BadRequest detail whose field
+// violations are the rejections (field = resource name, description = reason), which
+// Rejections reads back. Any gRPC peer can read it.
 func RejectionError(code codes.Code, collection string, rejected []Rejection) error {
 	br := &errdetails.BadRequest{}
 	for _, r := range rejected {
@@ -30,7 +43,7 @@ func RejectionError(code codes.Code, collection string, rejected []Rejection) er
 	if len(rejected) > 0 {
 		msg += fmt.Sprintf("; first: %s: %s", rejected[0].Resource, rejected[0].Reason)
 	}
-	s, err := status.New(code, msg).WithDetails(br)
+	s, err := status.New(code, msg).WithDetails(&errdetails.ErrorInfo{Reason: PartialReason, Domain: PartialDomain}, br)
 	if err != nil { // only if the detail cannot be marshaled
 		return status.Error(code, msg)
 	}
@@ -52,4 +65,18 @@ func Rejections(detail *rpcstatus.Status) []Rejection {
 		}
 	}
 	return out
+}
+
+// PartiallyApplied reports whether a NACK's error detail says the rest of the push was
+// applied (see RejectionError).
+func PartiallyApplied(detail *rpcstatus.Status) bool {
+	if detail == nil {
+		return false
+	}
+	for _, d := range status.FromProto(detail).Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == PartialReason && ei.GetDomain() == PartialDomain {
+			return true
+		}
+	}
+	return false
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
@@ -67,12 +69,16 @@ type SinkOptions struct {
 	Node *mcppb.SinkNode
 	// FullStateOnly asks for full-state pushes instead of incremental ones.
 	FullStateOnly bool
+	// Negotiation remembers what the peer refused across streams (see Negotiation). Callers
+	// that build one Sink per stream of a peer share one; nil: the Sink keeps its own.
+	Negotiation *Negotiation
 	// Applier applies pushes. Required.
 	Applier Applier
 	// InitialVersions, when set, supplies the versions declared in initial requests (for a
 	// caller that keeps its own store, like the hub). Otherwise the Sink tracks the versions
 	// it has applied and declares those, so a new stream resumes where the last one ended.
 	InitialVersions func(collection string) map[string]string
+	// (Versions are declared only to peers that resume from them: see ResumesHeader.)
 	// MaxMessageSize is the largest push accepted on streams the Sink opens (PullFrom).
 	// Default 4 MiB, gRPC's. Servers set theirs with grpc.MaxRecvMsgSize.
 	MaxMessageSize int
@@ -120,14 +126,34 @@ func NewSink(opts SinkOptions) (*Sink, error) {
 		opts.Logger = slog.Default()
 	}
 	opts.Collections = slices.Clone(opts.Collections)
+	if opts.Negotiation == nil {
+		opts.Negotiation = NewNegotiation(opts.Logger, opts.Metrics)
+	}
 	return &Sink{opts: opts, versions: make(map[string]map[string]string), synced: make(map[string]bool)}, nil
 }
 
-// Synced reports whether every collection has received at least one push.
+// Collections returns the collections the Sink asks for: those configured that the peer has
+// not refused.
+func (k *Sink) Collections() []string {
+	want, _ := k.opts.Negotiation.wanted(k.opts.Collections)
+	return want
+}
+
+// Refused returns the collections the peer refused, with why.
+func (k *Sink) Refused() map[string]string { return k.opts.Negotiation.Refused() }
+
+// Synced reports whether every collection the Sink asks for has been delivered whole (the
+// last chunk of a split push included) at least once.
 func (k *Sink) Synced() bool {
+	want := k.Collections()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.synced) == len(k.opts.Collections)
+	for _, c := range want {
+		if !k.synced[c] {
+			return false
+		}
+	}
+	return true
 }
 
 // Versions returns a copy of the resource versions the Sink has applied for a collection.
@@ -177,18 +203,35 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 		}
 	}()
 
-	requested := make(map[string]bool, len(k.opts.Collections))
-	for _, c := range k.opts.Collections {
-		requested[c] = true
-		req := &mcppb.RequestResources{
-			SinkNode:                k.opts.Node,
-			Collection:              c,
-			InitialResourceVersions: k.initialVersions(c),
-			Incremental:             !k.opts.FullStateOnly,
+	neg := k.opts.Negotiation
+	if info.Transport == "server" {
+		neg.superseded(info)
+	}
+	want, left := neg.wanted(k.opts.Collections)
+	ks := &sinkStream{k: k, st: st, info: info, log: log, queue: want, requested: make(map[string]bool, len(want)),
+		firstFull: map[string]bool{}, chunks: map[string][]*Entry{}, answered: map[string]bool{}}
+	defer func() {
+		c, named := refusedCollection(err)
+		refusal := named && ks.requested[c]
+		if refusal {
+			neg.refuse(c, status.Convert(err).Message())
 		}
-		if err := k.send(st, req); err != nil {
-			return fmt.Errorf("send request for %s: %w", c, streamEnd(ctx, err, recvErr))
-		}
+		neg.ended(info, left, refusal)
+	}()
+	switch {
+	case info.Transport == "client":
+		// Whether the source resumes is known from its response header, which comes with the
+		// first push: ask for one collection, then for the rest. That first request may
+		// declare versions: a source that ignores them (Istio's) answers the first request
+		// of a stream with a full state, and says so.
+		err = ks.request(1, true)
+	case info.PeerResumes():
+		err = ks.request(len(ks.queue), true)
+	default:
+		err = ks.request(1, false)
+	}
+	if err != nil {
+		return streamEnd(ctx, err, recvErr)
 	}
 
 	for {
@@ -201,11 +244,73 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 			}
 			return err
 		case b := <-frames:
-			if err := k.handle(ctx, st, info, log, requested, b); err != nil {
+			if err := ks.handle(ctx, b); err != nil {
 				return streamEnd(ctx, err, recvErr)
 			}
 		}
 	}
+}
+
+// sinkStream is the state of one stream in the sink role; only Serve's goroutine uses it.
+type sinkStream struct {
+	k    *Sink
+	st   MsgStream
+	info *StreamInfo
+	log  *slog.Logger
+
+	queue     []string        // collections not requested yet, in order
+	requested map[string]bool // collections requested on this stream
+	// firstFull: collections whose next push is taken as their full state, whatever its
+	// incremental flag: their request declared no versions (see Negotiation).
+	firstFull map[string]bool
+	chunks    map[string][]*Entry // a firstFull push split in chunks, gathered until its last
+	answered  map[string]bool     // collections that have had a push on this stream
+}
+
+// request sends the requests of the next n queued collections, declaring the versions held
+// or not (then their first push is taken as their full state).
+func (ks *sinkStream) request(n int, declare bool) error {
+	k := ks.k
+	for ; n > 0 && len(ks.queue) > 0; n-- {
+		c := ks.queue[0]
+		ks.queue = ks.queue[1:]
+		ks.requested[c] = true
+		req := &mcppb.RequestResources{SinkNode: k.opts.Node, Collection: c, Incremental: !k.opts.FullStateOnly}
+		if declare {
+			req.InitialResourceVersions = k.initialVersions(c)
+		} else {
+			ks.firstFull[c] = true
+		}
+		if ks.info.Transport == "server" && !ks.info.PeerResumes() {
+			k.opts.Negotiation.wait(ks.info, c)
+		}
+		if err := k.send(ks.st, req); err != nil {
+			return fmt.Errorf("send request for %s: %w", c, err)
+		}
+	}
+	return nil
+}
+
+// afterFirstPush asks for what follows a collection's first push on the stream: on a stream
+// this side dialed, the rest (the source's header has come with that push); on one a source
+// that does not resume dialed, the next collection.
+func (ks *sinkStream) afterFirstPush() error {
+	if len(ks.queue) == 0 {
+		ks.k.opts.Negotiation.wait(ks.info, "")
+		return nil
+	}
+	if ks.info.Transport == "client" {
+		if h, ok := ks.st.(interface{ Header() (metadata.MD, error) }); ok {
+			if md, err := h.Header(); err == nil && mdResumes(md) {
+				ks.info.setResumes()
+			}
+		}
+		return ks.request(len(ks.queue), ks.info.PeerResumes())
+	}
+	if ks.info.PeerResumes() {
+		return nil
+	}
+	return ks.request(1, false)
 }
 
 // send writes a request. ACKs and NACKs are counted before they leave, so a peer that has
@@ -223,7 +328,8 @@ func (k *Sink) send(st MsgStream, req *mcppb.RequestResources) error {
 
 // handle processes one received Resources message. Only a failure to send ends the stream;
 // bad input is NACKed or, when it cannot be answered, logged and ignored.
-func (k *Sink) handle(ctx context.Context, st MsgStream, info *StreamInfo, log *slog.Logger, requested map[string]bool, b []byte) error {
+func (ks *sinkStream) handle(ctx context.Context, b []byte) error {
+	k, st, info, log := ks.k, ks.st, ks.info, ks.log
 	m := k.opts.Metrics
 	p, perr := parsePush(b)
 	if p.Nonce == "" {
@@ -241,16 +347,24 @@ func (k *Sink) handle(ctx context.Context, st MsgStream, info *StreamInfo, log *
 	k.opts.Hooks.pushed(info, PushEvent{Collection: p.Collection, Nonce: p.Nonce, Incremental: p.Incremental, Resources: len(p.Entries), Removed: len(p.Removed), Bytes: len(b)})
 
 	err := perr
-	if err == nil && !requested[p.Collection] {
+	if err == nil && !ks.requested[p.Collection] {
 		err = fmt.Errorf("%w: %q", ErrUnknownCollection, p.Collection)
 	}
 	if err == nil {
 		err = checkDuplicates(p)
 	}
+	// The first push of a collection, even one refused, shows the peer serves it.
+	first := ks.requested[p.Collection] && !ks.answered[p.Collection]
+	if first {
+		ks.answered[p.Collection] = true
+	}
 	if err == nil {
 		c := &Change{Stream: info, Collection: p.Collection, Incremental: p.Incremental, Entries: p.Entries, Resources: p.Resources, Removed: p.Removed, SystemVersionInfo: p.SystemVersionInfo,
 			More: moreChunks(p.SystemVersionInfo)}
-		if aerr := k.opts.Applier.Apply(ctx, c); aerr != nil {
+		c = ks.asFullState(c)
+		if c == nil {
+			// A chunk of a full state being gathered: acknowledged, applied with the last.
+		} else if aerr := k.opts.Applier.Apply(ctx, c); aerr != nil {
 			err = aerr
 			if StatusCode(aerr) == codes.Unknown {
 				err = fmt.Errorf("%w: %w", ErrRejected, aerr)
@@ -273,7 +387,39 @@ func (k *Sink) handle(ctx context.Context, st MsgStream, info *StreamInfo, log *
 		return fmt.Errorf("send ACK/NACK for %s: %w", p.Collection, serr)
 	}
 	k.opts.Hooks.acked(info, ev)
+	if first {
+		return ks.afterFirstPush()
+	}
 	return nil
+}
+
+// asFullState turns the first applied push of a collection whose request declared no
+// versions into a full-state change (see Negotiation), gathering a split one: it returns nil
+// for a chunk with more to come.
+func (ks *sinkStream) asFullState(c *Change) *Change {
+	if !ks.firstFull[c.Collection] {
+		return c
+	}
+	if c.Incremental && c.More {
+		ks.chunks[c.Collection] = append(ks.chunks[c.Collection], c.Entries...)
+		return nil
+	}
+	delete(ks.firstFull, c.Collection)
+	if gathered := ks.chunks[c.Collection]; gathered != nil {
+		delete(ks.chunks, c.Collection)
+		entries := append(gathered, c.Entries...)
+		resources := make([]*mcpapi.Resource, 0, len(entries))
+		for _, e := range entries {
+			r, err := e.Decode()
+			if err != nil {
+				return c // cannot happen: every entry was decoded on arrival
+			}
+			resources = append(resources, r)
+		}
+		c.Entries, c.Resources = entries, resources
+	}
+	c.Incremental, c.Removed, c.More = false, nil, false
+	return c
 }
 
 func checkDuplicates(p *push) error {
@@ -295,7 +441,9 @@ func checkDuplicates(p *push) error {
 func (k *Sink) record(c *Change) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.synced[c.Collection] = true
+	if !c.More {
+		k.synced[c.Collection] = true
+	}
 	if k.opts.InitialVersions != nil {
 		return
 	}

@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"errors"
+	"maps"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -28,12 +29,28 @@ func initialRequests(t *testing.T, src *rawSource, n int) map[string]*mcppb.Requ
 	return out
 }
 
-func TestSinkRequestsEveryCollectionAtOnce(t *testing.T) {
+// A source that resumes and dialed in is asked for every collection at once; a source the
+// sink dialed is asked for one first (its header, with the first push, says whether it
+// resumes), then for the rest.
+func TestSinkRequestsEveryCollection(t *testing.T) {
 	forEachDirection(t, func(t *testing.T, d direction) {
 		rec := newRecorder()
 		sink := newTestSink(t, rec, []string{vs, dr})
 		src := newRawSource(t, sink, d)
-		reqs := initialRequests(t, src, 2)
+		var reqs map[string]*mcppb.RequestResources
+		if d == sinkServes {
+			reqs = initialRequests(t, src, 2)
+		} else {
+			reqs = initialRequests(t, src, 1)
+			if reqs[vs] == nil {
+				t.Fatalf("first request = %v, want %s first (the configured order)", reqs, vs)
+			}
+			src.push(&mcppb.Resources{Collection: vs, Nonce: "1"})
+			if ack := src.next(); ack.ResponseNonce != "1" {
+				t.Fatalf("ack = %v", ack)
+			}
+			maps.Copy(reqs, initialRequests(t, src, 1))
+		}
 		for _, c := range []string{vs, dr} {
 			r := reqs[c]
 			if r == nil || !r.Incremental || r.SinkNode.GetId() != "test-sink" {

@@ -325,17 +325,23 @@ func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error
 		ev.Code = codes.Code(detail.GetCode())
 		ev.Message = detail.GetMessage()
 		ev.Detail = detail
-		c.pending = nil
-		c.pushed = true
-		c.failed, c.failedVer = true, p.version
 		c.metrics.nack(ev.Code, latency)
-		c.log.Warn("sink rejected push (NACK); not resending until the collection changes",
-			logNonce, p.nonce, logVersion, p.version, "code", ev.Code.String(), "message", ev.Message)
 		ss.src.opts.Hooks.acked(ss.info, ev)
-		return nil
+		if !PartiallyApplied(detail) {
+			c.pending = nil
+			c.pushed = true
+			c.failed, c.failedVer = true, p.version
+			c.log.Warn("sink rejected push (NACK); not resending until the collection changes",
+				logNonce, p.nonce, logVersion, p.version, "code", ev.Code.String(), "message", ev.Message)
+			return nil
+		}
+		// Applied but for the resources it names: the version counts as held (see
+		// RejectionError), and the refused ones are sent again only when they change.
+		c.log.Debug("sink applied push except some resources", logNonce, p.nonce, logVersion, p.version, "message", ev.Message)
+	} else {
+		c.metrics.ack(latency)
+		ss.src.opts.Hooks.acked(ss.info, ev)
 	}
-	c.metrics.ack(latency)
-	ss.src.opts.Hooks.acked(ss.info, ev)
 	if len(p.rest) > 0 {
 		next := p.rest[0]
 		p.rest = p.rest[1:]

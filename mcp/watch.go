@@ -118,9 +118,25 @@ type StreamInfo struct {
 	// authorize on this, never on Node.
 	Identity string
 
-	mu     sync.Mutex
-	node   *mcppb.SinkNode
-	cancel func()
+	mu      sync.Mutex
+	node    *mcppb.SinkNode
+	cancel  func()
+	resumes bool
+}
+
+// PeerResumes reports whether the peer said it is this engine (ResumesHeader): it resumes
+// from declared versions and serves every collection asked for. On a stream this side
+// dialed, it is known from the first push on.
+func (i *StreamInfo) PeerResumes() bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.resumes
+}
+
+func (i *StreamInfo) setResumes() {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.resumes = true
 }
 
 // NewStreamInfo describes a stream that the engine does not serve, for a store's tests

@@ -169,25 +169,16 @@ func TestSinkNACKNotResent(t *testing.T) {
 
 // TestSinkIstioIncrementalFirstPush: with incremental allowed, Istio's source sends only the
 // very first response of a stream as full state; the other collection's first push arrives
-// with incremental=true, listing every resource as added. meshfed's sink applies it onto the
-// empty state it declared. Later changes arrive as incremental pushes (changed resources plus
-// removed_resources) and the sink ends on the latest state.
+// with incremental=true, listing every resource as added. Istio's source does not say it
+// resumes (mcp.ResumesHeader), so meshfed's sink declared no versions and applies each
+// collection's first push on the stream as that collection's full state. Later changes
+// arrive as incremental pushes (changed resources plus removed_resources) and the sink ends
+// on the latest state.
 func TestSinkIstioIncrementalFirstPush(t *testing.T) {
 	forEachDirection(t, sinkDirections, func(t *testing.T, dir direction) {
 		s := newSinkSetup(t, variant{dir: dir, incremental: true}, nil)
-
-		incrementalFirst := 0
 		for coll, want := range map[string]state{collA: vsV1, collB: drV1} {
-			first := s.applier.callsFor(coll)[0]
-			if !first.incremental {
-				continue
-			}
-			incrementalFirst++
-			checkPush(t, "incremental first push of "+coll+" (every resource added)", first.push(), incrementalPush(want))
-		}
-		if incrementalFirst != 1 {
-			t.Errorf("%d collections had an incremental first push, want exactly 1 (Istio sends only the stream's first response as full state); calls: %v",
-				incrementalFirst, s.applier.allCalls())
+			checkPush(t, "first push of "+coll+" as applied", s.applier.callsFor(coll)[0].push(), fullState(want))
 		}
 
 		// vs-2 changes reviews and adds details (all of vsV2) and deletes ratings.
@@ -235,20 +226,14 @@ func TestSinkReconnect(t *testing.T) {
 	})
 }
 
-// TestSinkKnownLimitIstioIncrementalReconnect characterizes the known limit ARCHITECTURE.md
-// describes ("a foreign source that ignores the declared versions and sends its first push
-// incremental"), reproduced here with Istio 1.8's own source. It asserts what happens today;
-// it is not the desired behaviour.
-//
-// With incremental allowed, Istio's source ignores initial_resource_versions and starts
-// every stream with an empty acked-version map: only the stream's first response is full
-// state; the other collection's first push is incremental=true, lists every resource as
-// added and has no removed_resources. meshfed's sink applies that onto the versions it
-// declared (those of the previous stream), so a resource deleted while disconnected stays in
-// Sink.Versions and in the Applier's store; Istio's later incremental pushes never remove it
-// either (it never acked it on this stream). The collection that happened to be pushed first
-// converges.
-func TestSinkKnownLimitIstioIncrementalReconnect(t *testing.T) {
+// TestSinkIstioIncrementalReconnectConverges: Istio's source ignores
+// initial_resource_versions and starts every stream with an empty acked-version map, so on a
+// new stream the first push of all but one collection is incremental=true, lists every
+// resource as added and removes nothing. A sink that applied it as a change would keep what
+// was deleted while it was disconnected, for good (Istio never removes what it never sent on
+// the stream). meshfed's sink takes the first push of each collection on the stream as its
+// full state, so both collections converge.
+func TestSinkIstioIncrementalReconnectConverges(t *testing.T) {
 	forEachDirection(t, sinkDirections, func(t *testing.T, dir direction) {
 		s := newSinkSetup(t, variant{dir: dir, incremental: true}, nil)
 		before := map[string]int{collA: len(s.applier.callsFor(collA)), collB: len(s.applier.callsFor(collB))}
@@ -259,30 +244,63 @@ func TestSinkKnownLimitIstioIncrementalReconnect(t *testing.T) {
 		s.istio.set(collA, "vs-2", vsV2)
 		s.istio.set(collB, "dr-2", drV2)
 		want := map[string]state{collA: vsV2, collB: drV2}
-		deleted := map[string]res{collA: vsV1["default/ratings"], collB: drV1["default/ratings"]}
-		waitUntil(t, "a push of each collection on the new stream", func() (bool, string) {
-			return len(s.applier.callsFor(collA)) > before[collA] && len(s.applier.callsFor(collB)) > before[collB], fmt.Sprint(s.applier.allCalls())
-		})
-
-		stale := 0
 		for _, coll := range []string{collA, collB} {
-			first := s.applier.callsFor(coll)[before[coll]]
-			if !first.incremental {
-				s.applier.waitState(t, coll, want[coll])
-				continue
+			s.applier.waitState(t, coll, want[coll])
+			if v := s.sink.Versions(coll); v["default/ratings"] != "" {
+				t.Errorf("Sink.Versions(%s) = %v: default/ratings was deleted while disconnected", coll, v)
 			}
-			stale++
-			checkPush(t, "first push of "+coll+" on the new stream (every resource added, nothing removed)", first.push(), incrementalPush(want[coll]))
-			staleState := maps.Clone(want[coll])
-			staleState["default/ratings"] = deleted[coll]
-			s.applier.waitState(t, coll, staleState)
-			if v := s.sink.Versions(coll); v["default/ratings"] != "1" {
-				t.Errorf("Sink.Versions(%s) = %v; the known limit keeps default/ratings@1", coll, v)
-			}
-			t.Logf("known limit reproduced: %s keeps default/ratings, deleted while disconnected: %v", coll, s.applier.collectionState(coll))
+			checkPush(t, "first push of "+coll+" on the new stream, as applied", s.applier.callsFor(coll)[before[coll]].push(), fullState(want[coll]))
 		}
-		if stale != 1 {
-			t.Errorf("%d collections got an incremental first push on the new stream, want 1: %v", stale, s.applier.allCalls())
+	})
+}
+
+// TestSinkIstioSourceServesFewerCollections: Istio's source ends the whole stream when asked
+// for a collection it was not configured with (`InvalidArgument: unsupported collection`);
+// dialing out, its client then leaves the stream and dials again. meshfed's sink asks for
+// the refused collection first, and goes on without it: the refusal is recorded once
+// (Sink.Refused, the collections_refused_total metric), the next stream carries the served
+// collection, the sink is synced, and that stream stays up for later changes.
+func TestSinkIstioSourceServesFewerCollections(t *testing.T) {
+	forEachDirection(t, sinkDirections, func(t *testing.T, dir direction) {
+		p := newPair(t, variant{dir: dir}, "meshfed sink")
+		applier := newRecordingApplier(nil)
+		sink, err := mcp.NewSink(mcp.SinkOptions{
+			Collections: []string{collB, collA}, // the refused one first: every stream meets it
+			Node:        &mcppb.SinkNode{Id: "meshfed-interop"},
+			Applier:     applier,
+			Logger:      p.log,
+			Metrics:     p.metrics,
+			Hooks:       p.rec.hooks(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.connect([]string{collA}, func(g *grpc.Server) {
+			mcp.NewSinkServer(func(context.Context, *mcp.StreamInfo) (*mcp.Sink, error) { return sink, nil },
+				mcp.ServerConfig{Logger: p.log, Metrics: p.metrics}).Register(g)
+		}, "Sink.PullFrom", sink.PullFrom)
+		p.istio.set(collA, "vs-1", vsV1)
+		applier.waitState(t, collA, vsV1)
+		waitUntil(t, "the sink synced without "+collB, func() (bool, string) {
+			return sink.Synced(), fmt.Sprint(sink.Refused())
+		})
+		if r := sink.Refused(); len(r) != 1 || r[collB] == "" {
+			t.Errorf("Refused() = %v, want only %s", r, collB)
+		}
+		if n := metric(t, p.reg, "meshfed_mcp_collections_refused_total", map[string]string{"collection": collB}); n != 1 {
+			t.Errorf("collections_refused_total{%s} = %v, want 1", collB, n)
+		}
+		opened, _ := p.rec.streams()
+		if opened != 2 {
+			t.Errorf("streams opened = %d, want 2: the one %s ended, and the one that goes on", opened, collB)
+		}
+		p.istio.set(collA, "vs-2", vsV2)
+		applier.waitState(t, collA, vsV2)
+		if now, _ := p.rec.streams(); now != opened {
+			t.Errorf("streams opened = %d after a change, want still %d", now, opened)
+		}
+		if calls := applier.callsFor(collB); len(calls) != 0 {
+			t.Errorf("%s applied %v, want nothing", collB, calls)
 		}
 	})
 }
