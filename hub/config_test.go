@@ -32,7 +32,7 @@ routing:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.WarmUp.Duration != 45*time.Second || len(cfg.Collections) != 14 || cfg.Staleness.ttl("istio/networking/v1alpha3/serviceentries") != 10*time.Minute ||
+	if cfg.WarmUp.Duration != 45*time.Second || len(cfg.Collections) != 15 || cfg.Staleness.ttl("istio/networking/v1alpha3/serviceentries") != 10*time.Minute ||
 		cfg.Staleness.ttl("istio/networking/v1alpha3/virtualservices") != 0 {
 		t.Errorf("cfg = %+v", cfg)
 	}

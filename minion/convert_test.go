@@ -32,8 +32,8 @@ func mustKind(t testing.TB, collection string) Kind {
 }
 
 func TestBuiltinKindsResolve(t *testing.T) {
-	if n := len(BuiltinKinds()); n != 14 {
-		t.Errorf("%d builtin kinds, want 14", n)
+	if n := len(BuiltinKinds()); n != 15 {
+		t.Errorf("%d builtin kinds, want 15", n)
 	}
 	for _, k := range BuiltinKinds() {
 		if err := k.Validate(); err != nil {

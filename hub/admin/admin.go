@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -90,7 +91,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return c.status(ctx)
 	case "why":
 		if fs.NArg() != 2 {
-			return errors.New("usage: hub why COLLECTION NAMESPACE/NAME")
+			return errors.New("usage: hub why COLLECTION NAMESPACE/NAME (COLLECTION as you like: vs, VirtualService, networking.istio.io/v1/VirtualService, istio/networking/v1alpha3/virtualservices)")
 		}
 		return c.why(ctx, fs.Arg(0), fs.Arg(1))
 	default:
@@ -132,7 +133,10 @@ func (c *client) get(ctx context.Context, method, path string, body []byte, v an
 	if err != nil {
 		return false, err
 	}
-	if resp.StatusCode != http.StatusOK {
+	switch {
+	case resp.StatusCode == http.StatusBadRequest:
+		return false, errors.New(strings.TrimSpace(string(b))) // the hub's word on what the request got wrong
+	case resp.StatusCode != http.StatusOK:
 		return false, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
 	}
 	if c.json {
@@ -217,13 +221,15 @@ func (c *client) status(ctx context.Context) error {
 	return w.Flush()
 }
 
+// why asks the hub about collection/name; the hub resolves the collection as typed, against
+// its own kinds (built in and configured), and refuses one it does not know or serve.
 func (c *client) why(ctx context.Context, collection, name string) error {
 	var why api.Why
 	q := url.Values{"collection": {collection}, "name": {name}}
 	if printed, err := c.get(ctx, http.MethodGet, "/api/why?"+q.Encode(), nil, &why); err != nil || printed {
 		return err
 	}
-	fmt.Fprintf(c.out, "%s %s\n", collection, name)
+	fmt.Fprintf(c.out, "%s %s\n", why.Collection, name)
 	switch {
 	case why.Served == nil:
 		fmt.Fprintln(c.out, "  not served: no cluster's version of it is accepted")
@@ -355,7 +361,7 @@ func certs(args []string, out io.Writer) error {
 }
 
 // subscribe is a sink that prints what the hub serves it: hub subscribe -serve ADDR
-// [-cert F -key F -ca F] [-node ID] [-collections a,b]. It runs until ctx ends.
+// [-cert F -key F -ca F] [-node ID] [-collections a,b] [-admin ADDR]. It runs until ctx ends.
 func subscribe(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("hub subscribe", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -364,8 +370,13 @@ func subscribe(ctx context.Context, args []string, out io.Writer) error {
 	key := fs.String("key", "", "the sink's key")
 	caFile := fs.String("ca", "", "the trust bundle")
 	node := fs.String("node", "hub-subscribe", "the SinkNode id to send")
-	colls := fs.String("collections", strings.Join(kinds.Collections(), ","), "collections to request, comma-separated")
+	colls := fs.String("collections", "", "collections to request, comma-separated, as you like (vs, VirtualService, networking.istio.io/v1/VirtualService, istio/networking/v1alpha3/virtualservices); default: every built-in one, or with -admin every one the hub serves")
+	admin := fs.String("admin", "", "the hub's admin (http) address: resolve -collections against the kinds the hub serves (its configured ones included) rather than the built-in ones")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	requested, err := subscribeCollections(ctx, *admin, *colls)
+	if err != nil {
 		return err
 	}
 	creds := insecure.NewCredentials()
@@ -377,7 +388,7 @@ func subscribe(ctx context.Context, args []string, out io.Writer) error {
 		creds = credentials.NewTLS(src.ClientConfig(""))
 	}
 	p := &printer{out: out, held: map[string]map[string]string{}}
-	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: strings.Split(*colls, ","), Applier: p, FullStateOnly: true,
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: requested, Applier: p, FullStateOnly: true,
 		Node: &mcppb.SinkNode{Id: *node}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return err
@@ -388,6 +399,43 @@ func subscribe(ctx context.Context, args []string, out io.Writer) error {
 			fmt.Fprintf(out, "stream to %s ended: %v (retrying)\n", addr, err)
 		}, func(ctx context.Context, conn *grpc.ClientConn) error { return sink.PullFrom(ctx, conn) })
 	return nil
+}
+
+// subscribeCollections resolves subscribe's -collections (typed as users do) to collection
+// names: against the kinds the hub at admin serves, when given (a kind it does not serve is
+// an error, not an empty subscription), else against the built-in kinds.
+func subscribeCollections(ctx context.Context, admin, typed string) ([]string, error) {
+	var served []kinds.Kind
+	if admin != "" {
+		c := &client{base: "http://" + admin, out: io.Discard, http: &http.Client{Timeout: 10 * time.Second}}
+		if _, err := c.get(ctx, http.MethodGet, "/api/kinds", nil, &served); err != nil {
+			return nil, fmt.Errorf("-admin: %w", err)
+		}
+	}
+	table, err := kinds.NewTable(served)
+	if err != nil {
+		return nil, fmt.Errorf("-admin: the hub's kinds: %w", err)
+	}
+	if typed == "" {
+		if admin == "" {
+			return table.Collections(), nil
+		}
+		out := make([]string, len(served))
+		for i, k := range served {
+			out[i] = k.Collection
+		}
+		return out, nil
+	}
+	colls, err := table.ResolveAll("-collections", strings.Split(typed, ","))
+	if err != nil {
+		return nil, err
+	}
+	for i, coll := range colls {
+		if admin != "" && !slices.ContainsFunc(served, func(k kinds.Kind) bool { return k.Collection == coll }) {
+			return nil, fmt.Errorf("-collections[%d]: %s is not one of the hub's collections", i, coll)
+		}
+	}
+	return colls, nil
 }
 
 // printer prints each collection's state when it changes: one line per resource, with the

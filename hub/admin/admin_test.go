@@ -1,9 +1,13 @@
 package admin
 
 import (
+	"context"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/meshfed/meshfed/mcp/kinds"
 )
 
 // The operator's commands link the admin API's contract, not the server: neither the hub's
@@ -18,6 +22,29 @@ func TestLinksOnlyTheContract(t *testing.T) {
 		case dep == "github.com/meshfed/meshfed/hub", strings.HasPrefix(dep, "github.com/meshfed/meshfed/hub/replicas"),
 			strings.Contains(dep, "hashicorp/memberlist"), dep == "github.com/meshfed/meshfed/routing", dep == "github.com/meshfed/meshfed/hub/acl":
 			t.Errorf("hub/admin links %s", dep)
+		}
+	}
+}
+
+// subscribe's -collections are typed as users type them; without -admin they resolve
+// against the built-in kinds, and an unknown one is an error listing the known names.
+func TestSubscribeCollections(t *testing.T) {
+	ctx := context.Background()
+	got, err := subscribeCollections(ctx, "", "vs, TrafficExtension,networking.istio.io/v1/DestinationRule")
+	if err != nil || strings.Join(got, ",") != "istio/networking/v1alpha3/virtualservices,istio/extensions/v1alpha1/trafficextensions,istio/networking/v1alpha3/destinationrules" {
+		t.Errorf("subscribeCollections = %v, %v", got, err)
+	}
+	if got, err := subscribeCollections(ctx, "", ""); err != nil || !slices.Equal(got, kinds.Collections()) {
+		t.Errorf("default = %v, %v", got, err)
+	}
+	for typed, want := range map[string]string{
+		"vs,vss":             `-collections[1]: unknown collection "vss": known: `,
+		"vs,,dr":             "-collections[1]: empty collection name: known: ",
+		"vs,Virtual":         `-collections[1]: unknown collection "Virtual"`,
+		"dr,DestinationRule": `-collections[1]: "DestinationRule" is istio/networking/v1alpha3/destinationrules, already listed as -collections[0] ("dr")`,
+	} {
+		if _, err := subscribeCollections(ctx, "", typed); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", typed, err, want)
 		}
 	}
 }
