@@ -28,16 +28,19 @@ type clusterState struct {
 	sessions       map[*Session]bool // open sessions, to close on a reload
 	connected      int               // open sessions that are not Away
 	lastContact    time.Time
-	disconnectedAt time.Time       // zero while connected (or never connected)
-	synced         bool            // a session has delivered every collection since the cluster was added
-	dropped        map[string]bool // collections dropped for staleness since the disconnect
+	disconnectedAt time.Time        // zero while connected (or never connected)
+	synced         bool             // a session has delivered every collection since the cluster was added
+	negotiation    *mcp.Negotiation // what its minion (or stock source) refused to serve; new with its configuration
+	dropped        map[string]bool  // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
 	direct         *Session // Hub.Apply's, which has no stream
 }
 
 // addClusterLocked brings a cluster into the hub's state. The caller holds clustersMu.
 func (h *Hub) addClusterLocked(name string) *clusterState {
-	cs := &clusterState{name: name, log: h.log.With("cluster", name), data: h.store.addCluster(name), sessions: map[*Session]bool{}}
+	log := h.log.With("cluster", name)
+	cs := &clusterState{name: name, log: log, data: h.store.addCluster(name), sessions: map[*Session]bool{},
+		negotiation: mcp.NewNegotiation(log, h.mcpMetrics)}
 	h.clusters[name] = cs
 	return cs
 }
@@ -120,6 +123,32 @@ func (cs *clusterState) closeSessions() int {
 	return len(open)
 }
 
+// currentNegotiation is what the cluster's source refused, under its current configuration.
+func (cs *clusterState) currentNegotiation() *mcp.Negotiation {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.negotiation
+}
+
+// renegotiate forgets what the cluster's source refused: its configuration changed.
+func (cs *clusterState) renegotiate(metrics *mcp.Metrics) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.negotiation = mcp.NewNegotiation(cs.log, metrics)
+}
+
+// hasRejections reports whether the cluster has resources standing refused.
+func (cs *clusterState) hasRejections() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, rj := range cs.rejections {
+		if len(rj) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // sessionOpened records a session's stream as open.
 func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 	cs := s.cs
@@ -169,9 +198,9 @@ func (h *Hub) sessionClosed(s *Session) {
 func (h *Hub) delivered(s *Session, collection string) {
 	cs := s.cs
 	cs.mu.Lock()
-	before := len(s.delivered)
 	s.delivered[collection] = true
-	complete := before < len(h.cfg.Collections) && len(s.delivered) == len(h.cfg.Collections)
+	complete := !s.complete && s.deliveredAll()
+	s.complete = s.complete || complete
 	newly := complete && !cs.synced && !cs.removed
 	if newly {
 		cs.synced = true
@@ -195,6 +224,9 @@ func (cs *clusterState) status() api.ClusterStatus {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced}
+	if r := cs.negotiation.Refused(); len(r) > 0 {
+		st.RefusedCollections = r
+	}
 	if !cs.lastContact.IsZero() {
 		t := cs.lastContact
 		st.LastContact = &t

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -79,8 +80,17 @@ type Config struct {
 	// DomainSuffix resolves short host names ("reviews" in namespace "shop" is
 	// reviews.shop.svc.<suffix>).
 	DomainSuffix string `json:"domainSuffix,omitempty"`
-	// Collections the hub accepts and serves.
+	// Collections the hub requests from clusters, accepts and serves. A file may name each
+	// as users do (see kinds.Table: vs, VirtualService, networking.istio.io/v1/VirtualService);
+	// ParseConfig stores the collection names, and Validate takes nothing else. A file
+	// without it gets every built-in kind and every kind under kinds; Defaults, which knows
+	// no kinds, has the built-in ones.
 	Collections []string `json:"collections,omitempty"`
+	// Kinds adds kinds beyond the built-in table, or replaces a built-in one with the same
+	// collection (same fields as the minion's kinds): the hub requests, accepts and serves
+	// them like the built-in ones, over MCP by collection and over MCP-over-xDS by
+	// group/version/Kind (any version).
+	Kinds []kinds.Kind `json:"kinds,omitempty"`
 	// Conflicts decides which cluster's resource is served when several publish the same
 	// collection/namespace/name.
 	Conflicts ConflictConfig `json:"conflicts,omitempty"`
@@ -110,8 +120,9 @@ type Config struct {
 }
 
 // Defaults returns every default of the hub's configuration, in one literal. ParseConfig
-// reads a file on top of it (a field the file leaves out keeps its value here); a program
-// building a configuration starts from it too.
+// reads a file on top of it (a field the file leaves out keeps its value here, but
+// collections, which also defaults to the file's kinds); a program building a
+// configuration starts from it too.
 func Defaults() *Config {
 	return &Config{
 		// Loopback: nothing is reachable from elsewhere until the operator says so.
@@ -176,6 +187,9 @@ type PollCluster struct {
 	Cluster string `json:"cluster"`
 	// Addr is the minion's ResourceSource address (host:port).
 	Addr string `json:"addr"`
+	// FullState asks the source for full-state pushes rather than incremental ones. Not
+	// needed for correctness (see ClusterConfig.FullState).
+	FullState bool `json:"fullState,omitempty"`
 }
 
 // ClusterConfig is one cluster allowed to publish.
@@ -191,6 +205,16 @@ type ClusterConfig struct {
 	Hosts []string `json:"hosts,omitempty"`
 	// ClusterScoped lists the collections whose cluster-scoped resources it may publish.
 	ClusterScoped []string `json:"clusterScoped,omitempty"`
+	// Collections the hub asks the cluster's source for, of those it serves. Default: all.
+	// A source that does not serve one (an older Istio's knows no WasmPlugin) is asked
+	// without it anyway once it has refused it; listing them here saves that exchange.
+	Collections []string `json:"collections,omitempty"`
+	// FullState asks the cluster's source (dialing in) for full-state pushes rather than
+	// incremental ones. Not needed for correctness: a source that does not say it resumes
+	// from the versions the hub declares (any but a minion) is taken at its first push of
+	// each collection on a stream as the full state, so deletions made while it was away
+	// are seen. It trades bandwidth for a source whose incremental pushes are not trusted.
+	FullState bool `json:"fullState,omitempty"`
 }
 
 // ConflictConfig is the conflict policy.
@@ -205,7 +229,8 @@ type StalenessConfig struct {
 	// Default applies to collections not listed: "keep" (forever) or a duration ("10m")
 	// after which they are dropped.
 	Default string `json:"default,omitempty"`
-	// Collections overrides Default per collection.
+	// Collections overrides Default per collection: its keys, typed as users do, are stored
+	// as collection names by ParseConfig (like Config.Collections).
 	Collections map[string]string `json:"collections,omitempty"`
 }
 
@@ -237,17 +262,68 @@ type Duration = ops.Duration
 // LoadConfig reads and validates a configuration file.
 func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseConfig) }
 
-// ParseConfig reads a configuration on top of Defaults and validates it. Unknown fields
-// are errors.
+// ParseConfig reads a configuration on top of Defaults, stores the collections it names as
+// collection names (canonicalCollections), and validates it. Unknown fields are errors.
 func ParseConfig(data []byte) (*Config, error) {
 	cfg := Defaults()
+	cfg.Collections = nil // the file's, else every kind: only the file says which kinds exist
 	if err := ops.DecodeStrict(data, cfg); err != nil {
+		return nil, err
+	}
+	if err := cfg.canonicalCollections(); err != nil {
 		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// canonicalCollections resolves the collections a file names (collections, each cluster's,
+// and the keys of staleness.collections), typed as users do, to collection names through the table of the
+// built-in and configured kinds, so that everything after sees collection names only.
+// Collections unset are every kind of the table.
+func (c *Config) canonicalCollections() error {
+	table, err := kinds.NewTable(c.Kinds)
+	if err != nil {
+		return err
+	}
+	if c.Collections == nil {
+		c.Collections = table.Collections()
+	} else if c.Collections, err = table.ResolveAll("collections", c.Collections); err != nil {
+		return err
+	}
+	for i := range c.Clusters {
+		cl := &c.Clusters[i]
+		if len(cl.Collections) > 0 {
+			if cl.Collections, err = table.ResolveAll(fmt.Sprintf("clusters[%d] (%q).collections", i, cl.Name), cl.Collections); err != nil {
+				return err
+			}
+		}
+	}
+	if len(c.Staleness.Collections) == 0 {
+		return nil
+	}
+	typed := make([]string, 0, len(c.Staleness.Collections))
+	for name := range c.Staleness.Collections {
+		typed = append(typed, name)
+	}
+	sort.Strings(typed) // the first error is the same on every run
+	canon := make(map[string]string, len(typed))
+	as := map[string]string{} // collection -> the name it was given as
+	for _, name := range typed {
+		k, err := table.Resolve(name)
+		if err != nil {
+			return fmt.Errorf("staleness.collections[%s]: %w", name, err)
+		}
+		if prev, dup := as[k.Collection]; dup {
+			return fmt.Errorf("staleness.collections[%s]: %q is %s, already listed as %q", name, name, k.Collection, prev)
+		}
+		as[k.Collection] = name
+		canon[k.Collection] = c.Staleness.Collections[name]
+	}
+	c.Staleness.Collections = canon
+	return nil
 }
 
 // SPIFFETrustDomain is the trust domain identities are checked against: TrustDomain, or,
@@ -265,9 +341,22 @@ type compiled struct {
 	routes      *routing.Table
 	identity    map[string]string // identity -> cluster
 	clusters    map[string]ClusterConfig
-	trustDomain string // SPIFFETrustDomain
+	colls       map[string][]string // cluster -> the collections asked of its source
+	ownership   ownership           // what policy is built from
+	trustDomain string              // SPIFFETrustDomain
 	insecure    bool
+	kindTable   *kinds.Table // the built-in and configured kinds
 }
+
+// ownership is what the ownership policy is built from: two equal ones refuse the same
+// resources.
+type ownership struct {
+	owners       []acl.Cluster
+	domainSuffix string
+}
+
+// collections returns the collections the hub asks cluster's source for.
+func (c *compiled) collections(cluster string) []string { return c.colls[cluster] }
 
 // configured reports whether a cluster is in the configuration.
 func (c *compiled) configured(cluster string) bool {
@@ -326,14 +415,18 @@ func (c *Config) compile() (*compiled, error) {
 	if err := c.Backoff.Check("backoff"); err != nil {
 		return nil, err
 	}
+	kindTable, kerr := kinds.NewTable(c.Kinds)
+	if kerr != nil {
+		return nil, kerr
+	}
 	if len(c.Collections) == 0 {
 		return nil, errors.New("collections: at least one collection is required")
 	}
+	if err := kindTable.CheckCanonical("collections", c.Collections); err != nil {
+		return nil, err
+	}
 	seenColl := map[string]bool{}
-	for i, coll := range c.Collections {
-		if coll == "" || seenColl[coll] {
-			return nil, fmt.Errorf("collections[%d]: %q is empty or listed twice", i, coll)
-		}
+	for _, coll := range c.Collections {
 		seenColl[coll] = true
 	}
 	if _, err := parseStaleness(c.Staleness.Default); err != nil {
@@ -350,7 +443,7 @@ func (c *Config) compile() (*compiled, error) {
 	if len(c.Clusters) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, trustDomain: td, insecure: c.Insecure}
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, colls: map[string][]string{}, trustDomain: td, insecure: c.Insecure}
 	owners := make([]acl.Cluster, 0, len(c.Clusters))
 	for i, cl := range c.Clusters {
 		field := fmt.Sprintf("clusters[%d]", i)
@@ -361,6 +454,17 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
 		}
 		out.clusters[cl.Name] = cl
+		out.colls[cl.Name] = c.Collections
+		if len(cl.Collections) > 0 {
+			seen := map[string]bool{}
+			for j, coll := range cl.Collections {
+				if !seenColl[coll] || seen[coll] {
+					return nil, fmt.Errorf("%s (%q).collections[%d]: %q is not one of the hub's collections, or is listed twice", field, cl.Name, j, coll)
+				}
+				seen[coll] = true
+			}
+			out.colls[cl.Name] = cl.Collections
+		}
 		ids := cl.Identities
 		if len(ids) == 0 && td != "" {
 			ids = []string{ClusterIdentity(td, cl.Name)}
@@ -411,6 +515,7 @@ func (c *Config) compile() (*compiled, error) {
 		}
 	}
 	var err error
+	out.ownership = ownership{owners: owners, domainSuffix: c.DomainSuffix}
 	if out.policy, err = acl.New(owners, acl.Options{DomainSuffix: c.DomainSuffix}); err != nil {
 		return nil, err
 	}
@@ -424,6 +529,7 @@ func (c *Config) compile() (*compiled, error) {
 	if out.routes, err = routing.New(c.Routing); err != nil {
 		return nil, fmt.Errorf("routing.%w", err)
 	}
+	out.kindTable = kindTable
 	return out, nil
 }
 

@@ -2,9 +2,12 @@ package hub
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshfed/meshfed/mcp/kinds"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -89,7 +92,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"insecure: true\nclusters: [{name: a, identities: [i]}, {name: a, identities: [j]}]", `clusters[1].name: "a" is used twice`},
 		{base + "warmUp: soon", "warmUp:"},
 		{base + "staleness: {default: sometimes}", "staleness.default"},
-		{base + "staleness: {collections: {nope: 1m}}", `staleness.collections: "nope"`},
+		{base + "staleness: {collections: {nope: 1m}}", `staleness.collections[nope]: unknown collection "nope": known: `},
 		{base + "conflicts: {priority: [zz]}", "conflicts.priority[0]"},
 		{base + "routing: {rules: [{name: ''}]}", "routing.rules[0].name"},
 		{base + "ingest: nowhere", "ingest:"},
@@ -136,4 +139,92 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatal("accepted a configuration without clusters")
 		}
 	})
+}
+
+// Collections are typed as users type them and stored as collection names; what no kind
+// answers to is refused with the known names, never served empty.
+func TestConfigCollectionsAsTyped(t *testing.T) {
+	const base = "insecure: true\nclusters: [{name: a, identities: [a], namespaces: [x]}]\n"
+	const vs = "istio/networking/v1alpha3/virtualservices"
+	for _, typed := range []string{"vs", "VirtualService", "networking.istio.io/v1/VirtualService", "virtualservices", "virtualservices.networking.istio.io", vs} {
+		cfg, err := ParseConfig([]byte(base + "collections: [" + typed + ", dr]\nstaleness: {collections: {'" + typed + "': 10m}}\n"))
+		if err != nil {
+			t.Errorf("%s: %v", typed, err)
+			continue
+		}
+		if !reflect.DeepEqual(cfg.Collections, []string{vs, "istio/networking/v1alpha3/destinationrules"}) ||
+			!reflect.DeepEqual(cfg.Staleness.Collections, map[string]string{vs: "10m"}) || cfg.Staleness.ttl(vs) != 10*time.Minute {
+			t.Errorf("%s: collections %v, staleness %v", typed, cfg.Collections, cfg.Staleness.Collections)
+		}
+		before := *cfg
+		if err := cfg.Validate(); err != nil || !reflect.DeepEqual(before, *cfg) {
+			t.Errorf("%s: Validate: %v, or it changed the configuration", typed, err)
+		}
+	}
+
+	// A configured kind: served by default beside the built-in ones, and named as users do.
+	const kindsYAML = "kinds: [{collection: example/widgets, group: example.com, version: v1, resource: widgets, kind: Widget, shortNames: [wd]}]\n"
+	cfg, err := ParseConfig([]byte(base + kindsYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Collections) != 16 || !slices.Contains(cfg.Collections, "example/widgets") || !slices.Contains(cfg.Collections, "istio/extensions/v1alpha1/trafficextensions") {
+		t.Errorf("default collections with a configured kind: %v", cfg.Collections)
+	}
+	cfg, err = ParseConfig([]byte(base + kindsYAML + "collections: [wd, TrafficExtension]\n"))
+	if err != nil || !reflect.DeepEqual(cfg.Collections, []string{"example/widgets", "istio/extensions/v1alpha1/trafficextensions"}) {
+		t.Errorf("collections [wd, TrafficExtension]: %v, %v", cfg, err)
+	}
+
+	for _, tc := range []struct{ yaml, want string }{
+		{base + "collections: [vs, dr, vss]", `collections[2]: unknown collection "vss": known: `},
+		{base + "collections: [vs, dr, vss]", `istio/networking/v1alpha3/virtualservices (VirtualService, vs); `},
+		{base + "collections: [vs, VirtualService]", `collections[1]: "VirtualService" is istio/networking/v1alpha3/virtualservices, already listed as collections[0] ("vs")`},
+		{base + "collections: []", "collections: at least one collection is required"},
+		{base + "collections: [wd]", `collections[0]: unknown collection "wd"`},
+		{base + "staleness: {collections: {vs: 1m, VirtualService: 2m}}", `staleness.collections[vs]: "vs" is istio/networking/v1alpha3/virtualservices, already listed as "VirtualService"`},
+		{base + "collections: [vs]\nstaleness: {collections: {dr: 1m}}", `staleness.collections: "istio/networking/v1alpha3/destinationrules" is not a served collection`},
+		{base + "kinds: [{collection: example/widgets, version: v1}]", "kinds[0]: collection example/widgets: version, resource and kind are required"},
+		{base + "kinds: [{collection: x, group: networking.istio.io, version: v1, resource: virtualservices, kind: VirtualService}]", "kinds[0]: VirtualService.networking.istio.io is both collection"},
+		{base + "kinds: [{collection: x, version: v1, resource: r, kind: K, bogus: 1}]", `unknown field "bogus"`},
+	} {
+		_, err := ParseConfig([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s:\n  err = %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+
+	// A program building a configuration writes collection names: Validate changes nothing
+	// and says what to write.
+	built := Defaults()
+	built.Insecure, built.Clusters = true, []ClusterConfig{{Name: "a", Identities: []string{"a"}}}
+	built.Collections = []string{"istio/networking/v1alpha3/gateways", "vs"}
+	if err := built.Validate(); err == nil || err.Error() != `collections[1]: "vs": want the collection name, `+vs {
+		t.Errorf("Validate of a typed name: %v", err)
+	}
+	built.Collections = []string{"example/widgets"}
+	if err := built.Validate(); err == nil || !strings.Contains(err.Error(), `collections[0]: unknown collection "example/widgets"`) {
+		t.Errorf("Validate of an unconfigured kind: %v", err)
+	}
+	built.Kinds = []kinds.Kind{{Collection: "example/widgets", Group: "example.com", Version: "v1", Resource: "widgets", Kind: "Widget"}}
+	if err := built.Validate(); err != nil {
+		t.Errorf("Validate with the kind configured: %v", err)
+	}
+}
+
+// Kinds shape what the hub requests and serves: changing them needs a restart.
+func TestKindsNeedARestart(t *testing.T) {
+	const yaml = "insecure: true\nclusters: [{name: a, identities: [a]}]\n"
+	old, err := ParseConfig([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := ParseConfig([]byte(yaml + "kinds: [{collection: example/widgets, group: example.com, version: v1, resource: widgets, kind: Widget}]\ncollections: [vs]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.Collections = old.Collections
+	if err := restartOnly(old, next); err == nil || !strings.Contains(err.Error(), "kinds: changing it needs a restart") {
+		t.Errorf("restartOnly: %v", err)
+	}
 }

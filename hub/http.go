@@ -157,8 +157,14 @@ func (h *Hub) httpHandler() *http.ServeMux {
 			http.Error(w, "give ?collection=COLLECTION&name=NAMESPACE/NAME", http.StatusBadRequest)
 			return
 		}
-		WriteJSON(w, h.Why(q.Get("collection"), q.Get("name")))
+		coll, err := h.servedCollection(q.Get("collection"))
+		if err != nil {
+			http.Error(w, "collection: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		WriteJSON(w, h.Why(coll, q.Get("name")))
 	})
+	mux.HandleFunc("/api/kinds", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.servedKinds()) })
 	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Conflicts()) })
 	mux.HandleFunc("/api/owners", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

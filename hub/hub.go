@@ -305,7 +305,11 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 			h.layer.RunTask(ctx, "poll/"+p.Cluster, func(ctx context.Context) {
 				log.Info("polling the cluster's minion")
 				h.Redial(ctx, []string{p.Addr}, log, func(ctx context.Context, conn *grpc.ClientConn) error {
-					s, err := h.OpenSession(p.Cluster, SessionOptions{Node: minionNode})
+					cs := h.cluster(p.Cluster)
+					if cs == nil {
+						return fmt.Errorf("cluster %q is not configured", p.Cluster)
+					}
+					s, err := h.newSession(cs, SessionOptions{Node: minionNode}, &peerSource{fullState: p.FullState})
 					if err != nil {
 						return err
 					}

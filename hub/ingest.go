@@ -90,12 +90,13 @@ var minionNode = &mcppb.SinkNode{Id: "meshfed-hub"}
 // newMinionSink returns the Sink of a minion's stream that dialed in: a session of the
 // cluster its identity is.
 func (h *Hub) newMinionSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink, error) {
-	name := h.current().comp.identity[info.Identity]
+	comp := h.current().comp
+	name := comp.identity[info.Identity]
 	cs := h.cluster(name)
 	if cs == nil {
 		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", info.Identity)
 	}
-	s, err := h.newSession(cs, SessionOptions{Node: minionNode})
+	s, err := h.newSession(cs, SessionOptions{Node: minionNode}, &peerSource{fullState: comp.clusters[name].FullState})
 	if err != nil {
 		return nil, err
 	}
@@ -110,17 +111,20 @@ func (h *Hub) OpenSession(cluster string, opts SessionOptions) (*Session, error)
 	if cs == nil {
 		return nil, fmt.Errorf("cluster %q is not configured", cluster)
 	}
-	return h.newSession(cs, opts)
+	return h.newSession(cs, opts, nil)
 }
 
-// newSession builds a session of cs: its Sink requests every served collection, declares
-// what the hub holds of cs (so the other side resumes instead of resending) and applies
-// pushes.
-func (h *Hub) newSession(cs *clusterState, opts SessionOptions) (*Session, error) {
+// peerSource says a session's stream comes from the cluster's own source (its minion, or
+// a stock MCP source such as Galley): what that peer refused is remembered across its
+// streams, and fullState asks it for full-state pushes.
+type peerSource struct{ fullState bool }
+
+// newSession builds a session of cs: its Sink requests the cluster's collections, declares
+// what the hub holds of cs (so a peer that resumes does not resend) and applies pushes.
+func (h *Hub) newSession(cs *clusterState, opts SessionOptions, peer *peerSource) (*Session, error) {
 	s := &Session{cs: cs, away: opts.Away, delivered: map[string]bool{}}
-	var err error
-	s.sink, err = mcp.NewSink(mcp.SinkOptions{
-		Collections:     h.cfg.Collections,
+	so := mcp.SinkOptions{
+		Collections:     h.current().comp.collections(cs.name),
 		Node:            opts.Node,
 		Applier:         mcp.ApplierFunc(func(_ context.Context, c *mcp.Change) error { return h.apply(s, c) }),
 		InitialVersions: func(coll string) map[string]string { return h.store.versions(cs.name, coll) },
@@ -131,7 +135,13 @@ func (h *Hub) newSession(cs *clusterState, opts SessionOptions) (*Session, error
 			StreamOpened: func(i *mcp.StreamInfo) { h.sessionOpened(s, i) },
 			StreamClosed: func(*mcp.StreamInfo, error) { h.sessionClosed(s) },
 		},
-	})
+	}
+	if peer != nil {
+		so.Negotiation = cs.currentNegotiation()
+		so.FullStateOnly = peer.fullState
+	}
+	var err error
+	s.sink, err = mcp.NewSink(so)
 	return s, err
 }
 
@@ -232,7 +242,7 @@ func (h *Hub) Apply(cluster string, c *mcp.Change) error {
 	}
 	cs.mu.Lock()
 	if cs.direct == nil {
-		cs.direct = &Session{cs: cs, delivered: map[string]bool{}} // a session without a stream
+		cs.direct = &Session{cs: cs, delivered: map[string]bool{}, direct: h.current().comp.collections(cs.name)} // a session without a stream
 	}
 	s := cs.direct
 	cs.mu.Unlock()

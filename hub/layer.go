@@ -91,6 +91,24 @@ type Session struct {
 	// Guarded by cs.mu:
 	info      *mcp.StreamInfo // set while the stream is open
 	delivered map[string]bool // collections delivered (a split push: at its last chunk)
+	complete  bool            // every collection the sink asks for has been delivered
+
+	direct []string // without a stream (Hub.Apply): the collections that make it complete
+}
+
+// deliveredAll reports whether every collection the session's sink asks for (those the
+// peer has not refused) has been delivered. The caller holds cs.mu.
+func (s *Session) deliveredAll() bool {
+	want := s.direct
+	if s.sink != nil {
+		want = s.sink.Collections()
+	}
+	for _, c := range want {
+		if !s.delivered[c] {
+			return false
+		}
+	}
+	return true
 }
 
 // Cluster is the name of the cluster whose state the session writes.

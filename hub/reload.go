@@ -29,6 +29,7 @@ func restartOnly(old, next *Config) error {
 	}{
 		{"ingest", old.Ingest, next.Ingest}, {"serve", old.Serve, next.Serve}, {"http", old.HTTP, next.HTTP},
 		{"tls", old.TLS, next.TLS}, {"devCA", old.DevCA, next.DevCA}, {"stateDir", old.StateDir, next.StateDir}, {"insecure", old.Insecure, next.Insecure}, {"collections", old.Collections, next.Collections},
+		{"kinds", old.Kinds, next.Kinds},
 		{"maxMessageSize", old.MaxMessageSize, next.MaxMessageSize}, {"dialSinks", old.DialSinks, next.DialSinks},
 		{"poll", old.Poll, next.Poll}, {"backoff", old.Backoff, next.Backoff}, {"limits", old.Limits, next.Limits},
 		{"replicas", old.Replicas, next.Replicas},
@@ -96,11 +97,23 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 			cs.log.Warn("reload: stored resources no longer allowed; not served any more", "count", len(rs))
 		}
 	}
+	// A cluster whose configuration changed reconnects under the new one; after a change of
+	// ownership, so does one with standing refusals, which its minion does not resend
+	// unchanged (see mcp.RejectionError): on the new stream it resends what the hub lacks,
+	// and the new ownership decides.
+	owning := !reflect.DeepEqual(old.comp.ownership, comp.ownership)
 	for name, prev := range old.comp.clusters {
-		if c, ok := comp.clusters[name]; ok && !reflect.DeepEqual(prev, c) {
-			if cs := h.cluster(name); cs != nil {
-				res.ClosedIngest += cs.closeSessions()
-			}
+		c, ok := comp.clusters[name]
+		cs := h.cluster(name)
+		if !ok || cs == nil {
+			continue
+		}
+		changed := !reflect.DeepEqual(prev, c)
+		if changed {
+			cs.renegotiate(h.mcpMetrics)
+		}
+		if changed || owning && cs.hasRejections() {
+			res.ClosedIngest += cs.closeSessions()
 		}
 	}
 	// Merge, then views, then the sinks routed elsewhere.

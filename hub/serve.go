@@ -3,7 +3,10 @@ package hub
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,18 +67,41 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 }
 
 // resolveTypeURL maps istiod's MCP-over-xDS type URLs (group/version/Kind) to the served
-// collection of that kind.
+// collection of that kind, built in or configured (the same table the configuration's
+// collections resolve through). Kinds and collections need a restart, so the table and
+// h.cfg agree.
 func (h *Hub) resolveTypeURL(typeURL string) (string, bool) {
-	k, ok := kinds.ForTypeURL(typeURL)
-	if !ok {
+	k, ok := h.current().comp.kindTable.ForTypeURL(typeURL)
+	if !ok || !slices.Contains(h.cfg.Collections, k.Collection) {
 		return "", false
 	}
+	return k.Collection, true
+}
+
+// servedCollection resolves a collection a user typed (the admin API's why) to one the hub
+// serves: an unknown name is an error listing the known ones, and a known kind the hub does
+// not serve says so, rather than answering that nothing of it is served.
+func (h *Hub) servedCollection(name string) (string, error) {
+	k, err := h.current().comp.kindTable.Resolve(name)
+	if err != nil {
+		return "", err
+	}
+	if !slices.Contains(h.cfg.Collections, k.Collection) {
+		return "", fmt.Errorf("%s is not one of this hub's collections (%s)", k.Collection, strings.Join(h.cfg.Collections, ", "))
+	}
+	return k.Collection, nil
+}
+
+// servedKinds returns the kinds of the hub's collections, in their order.
+func (h *Hub) servedKinds() []kinds.Kind {
+	table := h.current().comp.kindTable
+	out := make([]kinds.Kind, 0, len(h.cfg.Collections))
 	for _, c := range h.cfg.Collections {
-		if c == k.Collection {
-			return c, true
+		if k, ok := table.Lookup(c); ok {
+			out = append(out, k)
 		}
 	}
-	return "", false
+	return out
 }
 
 // router is the Watcher sinks are served from: it routes each stream to the view of its

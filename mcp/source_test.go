@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/status"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -122,7 +123,7 @@ func TestSourceDoesNotResendNackedSet(t *testing.T) {
 		sink.request(vs, false, nil)
 		m := sink.next()
 		sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: m.Nonce,
-			ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: "ns/bad: unknown field"}})
+			ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "ns/bad: unknown field"}})
 		sink.none("probe/1")
 		// Re-putting the same version changes nothing and must not resend.
 		c.Put(vs, entry(t, "ns/bad", "1"))
@@ -357,4 +358,34 @@ func FuzzMoreChunks(f *testing.F) {
 			t.Fatalf("moreChunks(%q) = %v", v, more)
 		}
 	})
+}
+
+// TestSourcePartialNACK: a NACK that says the rest of the push was applied (RejectionError)
+// completes the version, so the next change is sent against it and the refused resource is
+// not resent; a plain NACK (a stock Istio sink's) leaves the sink at what it last ACKed, and
+// the next change is sent against that.
+func TestSourcePartialNACK(t *testing.T) {
+	for _, partial := range []bool{true, false} {
+		t.Run(fmt.Sprintf("partial=%v", partial), func(t *testing.T) {
+			c := NewCache(vs)
+			c.Put(vs, entry(t, "ns/ok", "1"), entry(t, "ns/bad", "1"))
+			sink := newRawSink(t, newTestSource(t, c), sinkServes)
+			sink.request(vs, true, nil)
+			first := sink.next()
+			nack := RejectionError(codes.PermissionDenied, vs, []Rejection{{Resource: "ns/bad", Reason: "not owned"}})
+			if !partial {
+				nack = status.Error(codes.InvalidArgument, "rejected")
+			}
+			sink.sendReq(&mcppb.RequestResources{Collection: vs, ResponseNonce: first.Nonce, ErrorDetail: status.Convert(nack).Proto()})
+			c.Put(vs, entry(t, "ns/new", "1"))
+			next := sink.next()
+			want := []string{"ns/new@1"}
+			if !partial {
+				want = []string{"ns/bad@1", "ns/new@1", "ns/ok@1"} // nothing was ever ACKed: the full state again
+			}
+			if got := names(next); !equal(got, want) {
+				t.Errorf("push after the NACK carries %v, want %v", got, want)
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
@@ -24,9 +26,13 @@ type Config struct {
 	Cluster string `json:"cluster"`
 	// Sources are read in this order; on a name clash the first wins. Required.
 	Sources []SourceConfig `json:"sources"`
-	// Collections to publish. Default: every built-in Istio collection.
+	// Collections to publish. A file may name each as users do (see kinds.Table: vs,
+	// VirtualService, networking.istio.io/v1/VirtualService); ParseConfig stores the
+	// collection names, and Validate takes nothing else. Default: every built-in kind and
+	// every kind under kinds.
 	Collections []string `json:"collections,omitempty"`
-	// Kinds adds collections beyond the built-in table (or overrides one).
+	// Kinds adds collections beyond the built-in table (or replaces the built-in kind of the
+	// same collection).
 	Kinds []Kind `json:"kinds,omitempty"`
 	// Destinations say where to publish. At least one push destination or a listen
 	// address is required.
@@ -66,6 +72,29 @@ type SourceConfig struct {
 	// Resync is a k8s:// source's informer resync period; 0s disables it. Unset:
 	// DefaultResync.
 	Resync *Duration `json:"resync,omitempty"`
+	// Collections this source reads (or follows), of the minion's collections. Default:
+	// all. An mcp:// upstream that does not serve one (an older Istio's knows no
+	// WasmPlugin) is followed without it anyway once it has refused it.
+	Collections []string `json:"collections,omitempty"`
+	// FullState asks an mcp:// upstream for full-state pushes rather than incremental ones.
+	// Not needed for correctness: an upstream that does not say it resumes from declared
+	// versions (any but a meshfed one) is taken at its first push of each collection on a
+	// stream as the full state, so deletions made while it was away are seen.
+	FullState bool `json:"fullState,omitempty"`
+}
+
+// sourceKinds returns, of kinds, those the source reads.
+func (s SourceConfig) sourceKinds(kinds []Kind) []Kind {
+	if len(s.Collections) == 0 {
+		return kinds
+	}
+	var out []Kind
+	for _, k := range kinds {
+		if slices.Contains(s.Collections, k.Collection) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // DestinationsConfig says where the minion publishes.
@@ -119,10 +148,14 @@ func DefaultConfig() *Config {
 // LoadConfig reads and validates a configuration file. Unknown fields are errors.
 func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseConfig) }
 
-// ParseConfig reads a configuration on top of Defaults and validates it.
+// ParseConfig reads a configuration on top of Defaults, stores the collections it names as
+// collection names, and validates it.
 func ParseConfig(data []byte) (*Config, error) {
 	cfg := Defaults()
 	if err := ops.DecodeStrict(data, cfg); err != nil {
+		return nil, err
+	}
+	if err := cfg.canonicalCollections(); err != nil {
 		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -153,13 +186,19 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("sources[%d]: namespaces, labelSelector and resync apply to k8s:// sources only", i)
 		}
 	}
-	for i, k := range c.Kinds {
-		if err := k.Validate(); err != nil {
-			return fmt.Errorf("kinds[%d]: %w", i, err)
-		}
-	}
-	if _, err := c.ResolveKinds(); err != nil {
+	kinds, err := c.ResolveKinds()
+	if err != nil {
 		return err
+	}
+	for i, s := range c.Sources {
+		if s.FullState && !strings.HasPrefix(s.URL, "mcp:") {
+			return fmt.Errorf("sources[%d].fullState: applies to mcp:// sources only", i)
+		}
+		for j, coll := range s.Collections {
+			if !slices.ContainsFunc(kinds, func(k Kind) bool { return k.Collection == coll }) || slices.Index(s.Collections, coll) != j {
+				return fmt.Errorf("sources[%d].collections[%d]: %q is not one of the minion's collections, or is listed twice", i, j, coll)
+			}
+		}
 	}
 	if len(c.Destinations.Push) == 0 && c.Destinations.Listen == "" {
 		return errors.New("destinations: set push, listen, or both")
@@ -201,37 +240,47 @@ func (c *Config) Validate() error {
 	return c.Destinations.Backoff.Check("destinations.backoff")
 }
 
-// ResolveKinds returns the kinds of the configured collections.
-func (c *Config) ResolveKinds() ([]Kind, error) {
-	extra := map[string]Kind{}
-	for _, k := range c.Kinds {
-		extra[k.Collection] = k
+// canonicalCollections resolves the collections a file names (collections and each
+// source's), typed as users do, to
+// collection names through the table of the built-in and configured kinds, so that
+// everything after sees collection names only.
+func (c *Config) canonicalCollections() error {
+	table, err := kinds.NewTable(c.Kinds)
+	if err != nil {
+		return err
 	}
-	colls := c.Collections
-	if len(colls) == 0 {
-		for _, k := range BuiltinKinds() {
-			colls = append(colls, k.Collection)
+	if len(c.Collections) > 0 {
+		if c.Collections, err = table.ResolveAll("collections", c.Collections); err != nil {
+			return err
 		}
-		for _, k := range c.Kinds {
-			if _, builtin := LookupBuiltin(k.Collection); !builtin {
-				colls = append(colls, k.Collection)
+	}
+	for i := range c.Sources {
+		s := &c.Sources[i]
+		if len(s.Collections) > 0 {
+			if s.Collections, err = table.ResolveAll(fmt.Sprintf("sources[%d].collections", i), s.Collections); err != nil {
+				return err
 			}
 		}
 	}
-	seen := map[string]bool{}
-	var out []Kind
+	return nil
+}
+
+// ResolveKinds returns the kinds of the configured collections: those listed, else every
+// built-in kind and every kind under kinds.
+func (c *Config) ResolveKinds() ([]Kind, error) {
+	table, err := kinds.NewTable(c.Kinds)
+	if err != nil {
+		return nil, err
+	}
+	colls := c.Collections
+	if len(colls) == 0 {
+		colls = table.Collections()
+	} else if err := table.CheckCanonical("collections", colls); err != nil {
+		return nil, err
+	}
+	out := make([]Kind, len(colls))
 	for i, name := range colls {
-		if seen[name] {
-			return nil, fmt.Errorf("collections[%d]: %q listed twice", i, name)
-		}
-		seen[name] = true
-		if k, ok := extra[name]; ok {
-			out = append(out, k)
-		} else if k, ok := LookupBuiltin(name); ok {
-			out = append(out, k)
-		} else {
-			return nil, fmt.Errorf("collections[%d]: %q is neither built in nor defined under kinds", i, name)
-		}
+		out[i], _ = table.Lookup(name)
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package minion
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -81,4 +82,61 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatal("accepted a config without sources")
 		}
 	})
+}
+
+// Collections are typed as users type them and stored as collection names; what no kind
+// answers to is refused with the known names.
+func TestConfigCollectionsAsTyped(t *testing.T) {
+	const base = "sources: [{url: 'fs:///x'}]\ndestinations: {push: ['push://h:1']}\ninsecure: true\n"
+	const vs = "istio/networking/v1alpha3/virtualservices"
+	for _, typed := range []string{"vs", "VirtualService", "networking.istio.io/v1/VirtualService", "virtualservices", vs} {
+		cfg, err := ParseConfig([]byte(base + "collections: [" + typed + ", TrafficExtension]\n"))
+		if err != nil {
+			t.Errorf("%s: %v", typed, err)
+			continue
+		}
+		if !reflect.DeepEqual(cfg.Collections, []string{vs, "istio/extensions/v1alpha1/trafficextensions"}) {
+			t.Errorf("%s: collections %v", typed, cfg.Collections)
+		}
+		before := *cfg
+		if err := cfg.Validate(); err != nil || !reflect.DeepEqual(before, *cfg) {
+			t.Errorf("%s: Validate: %v, or it changed the configuration", typed, err)
+		}
+		if ks, err := cfg.ResolveKinds(); err != nil || len(ks) != 2 || ks[0].Kind != "VirtualService" || ks[1].Kind != "TrafficExtension" {
+			t.Errorf("%s: ResolveKinds = %+v, %v", typed, ks, err)
+		}
+	}
+	cfg, err := ParseConfig([]byte(base + "kinds: [{collection: k8s/core/v1/configmaps, version: v1, resource: configmaps, kind: ConfigMap, shortNames: [cm]}]\ncollections: [cm, core/v1/ConfigMap.x]\n"))
+	if err == nil || !strings.Contains(err.Error(), `collections[1]: unknown collection "core/v1/ConfigMap.x": known: `) || !strings.Contains(err.Error(), "k8s/core/v1/configmaps (ConfigMap, cm)") {
+		t.Errorf("unknown collection with a configured kind: %v, %v", cfg, err)
+	}
+	cfg, err = ParseConfig([]byte(base + "kinds: [{collection: k8s/core/v1/configmaps, version: v1, resource: configmaps, kind: ConfigMap, shortNames: [cm]}]\ncollections: [cm, core/v1/ConfigMap]\n"))
+	if err == nil || !strings.Contains(err.Error(), `collections[1]: "core/v1/ConfigMap" is k8s/core/v1/configmaps, already listed as collections[0] ("cm")`) {
+		t.Errorf("a collection listed twice: %v, %v", cfg, err)
+	}
+	// Without collections: every built-in kind and the configured ones.
+	cfg, err = ParseConfig([]byte(base + "kinds: [{collection: k8s/core/v1/configmaps, version: v1, resource: configmaps, kind: ConfigMap}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ks, err := cfg.ResolveKinds(); err != nil || len(ks) != 16 {
+		t.Errorf("default kinds: %d, %v", len(ks), err)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{base + "collections: [vs, dr, vss]", `collections[2]: unknown collection "vss": known: `},
+		{base + "collections: [vs, dr, vss]", "istio/networking/v1alpha3/virtualservices (VirtualService, vs); "},
+		{base + "collections: [vs, VirtualService]", `collections[1]: "VirtualService" is istio/networking/v1alpha3/virtualservices, already listed as collections[0] ("vs")`},
+		{base + "collections: [vs]\nkinds: [{collection: x, version: v1}]", "kinds[0]: collection x: version, resource and kind are required"},
+	} {
+		_, err := ParseConfig([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s:\n  err = %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+	// A program building a configuration writes collection names.
+	built := DefaultConfig()
+	built.Collections = []string{"vs"}
+	if err := built.Validate(); err == nil || err.Error() != `collections[0]: "vs": want the collection name, `+vs {
+		t.Errorf("Validate of a typed name: %v", err)
+	}
 }

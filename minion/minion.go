@@ -136,16 +136,16 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 			if !filepath.IsAbs(dir) {
 				dir, _ = filepath.Abs(dir)
 			}
-			m.sources = append(m.sources, NewFileSource(sc.URL, dir, kinds, m.store, m.log, m.metrics))
+			m.sources = append(m.sources, NewFileSource(sc.URL, dir, sc.sourceKinds(kinds), m.store, m.log, m.metrics))
 		case "k8s":
-			ks, err := NewKubeSource(sc, kinds, m.store, m.log, m.metrics)
+			ks, err := NewKubeSource(sc, sc.sourceKinds(kinds), m.store, m.log, m.metrics)
 			if err != nil {
 				return nil, err
 			}
 			m.sources = append(m.sources, ks)
 			m.kube = append(m.kube, ks)
 		case "mcp":
-			us, err := NewUpstreamSource(sc, cfg.Cluster, kinds, m.store, m.clientCreds, cfg.Destinations.Backoff, m.log, m.mcpMetrics)
+			us, err := NewUpstreamSource(sc, cfg.Cluster, sc.sourceKinds(kinds), m.store, m.clientCreds, cfg.Destinations.Backoff, m.log, m.mcpMetrics)
 			if err != nil {
 				return nil, err
 			}
@@ -365,6 +365,9 @@ type SourceStatus struct {
 	Name     string    `json:"name"`
 	Synced   bool      `json:"synced"`
 	Problems []Problem `json:"problems,omitempty"`
+	// RefusedCollections: an mcp:// upstream said it does not serve these (with how); the
+	// source follows the rest and asks again on a later stream.
+	RefusedCollections map[string]string `json:"refusedCollections,omitempty"`
 }
 
 // Status returns the minion's current state.
@@ -374,6 +377,11 @@ func (m *Minion) Status() Status {
 		ss := SourceStatus{Name: s.Name(), Synced: s.Synced()}
 		if fs, ok := s.(*FileSource); ok {
 			ss.Problems = fs.Problems()
+		}
+		if us, ok := s.(*UpstreamSource); ok {
+			if r := us.Refused(); len(r) > 0 {
+				ss.RefusedCollections = r
+			}
 		}
 		st.Sources = append(st.Sources, ss)
 	}

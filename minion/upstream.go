@@ -38,10 +38,11 @@ func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *St
 	}
 	s := &UpstreamSource{name: cfg.URL, addr: u.addr, backoff: backoff, creds: creds, log: log.With("source", cfg.URL)}
 	s.sink, err = mcp.NewSink(mcp.SinkOptions{
-		Collections: colls,
-		Node:        &mcppb.SinkNode{Id: "meshfed-minion/" + cluster},
-		Logger:      s.log,
-		Metrics:     mm,
+		Collections:   colls,
+		FullStateOnly: cfg.FullState,
+		Node:          &mcppb.SinkNode{Id: "meshfed-minion/" + cluster},
+		Logger:        s.log,
+		Metrics:       mm,
 		Applier: mcp.ApplierFunc(func(_ context.Context, c *mcp.Change) error {
 			if c.Incremental {
 				store.Apply(s.name, c.Collection, c.Entries, c.Removed)
@@ -60,8 +61,11 @@ func NewUpstreamSource(cfg SourceConfig, cluster string, kinds []Kind, store *St
 // Name returns the source's URL.
 func (s *UpstreamSource) Name() string { return s.name }
 
-// Synced reports whether every collection has been received once.
+// Synced reports whether every collection the upstream serves has been received once.
 func (s *UpstreamSource) Synced() bool { return s.sink.Synced() }
+
+// Refused returns the collections the upstream said it does not serve, with how it said so.
+func (s *UpstreamSource) Refused() map[string]string { return s.sink.Refused() }
 
 // Run follows the upstream until ctx ends, reconnecting with backoff and resuming by
 // versions. What was received stays published while disconnected.

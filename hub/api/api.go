@@ -8,7 +8,8 @@
 //	/api/clusters                     []ClusterStatus
 //	/api/sinks                        []SinkStatus
 //	/api/conflicts                    []Conflict
-//	/api/why?collection=C&name=N      Why
+//	/api/why?collection=C&name=N      Why (C as users type it: vs, VirtualService, ...; 400 when no served kind)
+//	/api/kinds                        []kinds.Kind: the kinds of the hub's collections, to resolve names as the hub does
 //	/api/owners?host=H | ?namespace=N Owners
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
@@ -34,6 +35,10 @@ type ClusterStatus struct {
 	// Rejections are resources refused by the ACL (or malformed), by collection and name,
 	// with the reason. They are not stored and never served.
 	Rejections map[string]map[string]string `json:"rejections,omitempty"`
+	// RefusedCollections are the collections the cluster's source said it does not serve,
+	// with how it said so: the hub goes on without them (they count as delivered) and asks
+	// again on a later stream or after a configuration change.
+	RefusedCollections map[string]string `json:"refusedCollections,omitempty"`
 	// Conflicts are resources held but not served because another cluster's resource of
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`

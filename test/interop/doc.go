@@ -11,8 +11,12 @@
 //  4. Istio sink-server (ResourceSink) ← meshfed Source.PushTo
 //
 // The tests check what a peer observes: the state each sink ends on, ACK/NACK handling,
-// incremental pushes, coalescing, unserved collections and reconnects. The package holds only
-// tests and this comment.
+// incremental pushes, coalescing, unserved collections and reconnects. Beyond the engine,
+// federation_test.go runs the hub and the minion, in their default configurations, against
+// Istio's sources as users meet them: a Galley-style source dialing the hub and serving
+// fewer collections than asked, a minion following such a source server, and an
+// incremental source restarted after deletions. The package holds only tests and this
+// comment.
 //
 // It is not a unit or conformance suite of the engine (those are in package mcp, against
 // meshfed's own peers), not a benchmark, and not a test of Istio: the peer's documented

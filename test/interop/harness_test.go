@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -216,9 +217,16 @@ func testLogger(t testing.TB, prefix string) *slog.Logger {
 // peerResource, peerEvent and peerCommand are istio-mcp-peer's stdout and stdin JSON
 // (test/istio/README.md).
 type peerResource struct {
-	Name    string `json:"name"`
-	Version string `json:"version"`
-	Value   string `json:"value"`
+	Name    string   `json:"name"`
+	Version string   `json:"version"`
+	Value   string   `json:"value"`
+	Body    *peerAny `json:"body,omitempty"`
+}
+
+// peerAny is a body the peer serves as it is (a real Istio spec).
+type peerAny struct {
+	TypeURL string `json:"typeUrl"`
+	Value   []byte `json:"value"`
 }
 
 type peerEvent struct {
@@ -266,6 +274,7 @@ type peerConfig struct {
 	addr        string // listen (servers; 127.0.0.1:0 first) or dial (clients)
 	collections []string
 	incremental bool
+	meta        string // client modes: gRPC metadata key=value,... (-meta)
 }
 
 // istioPeer is one istio-mcp-peer process. A restart is a new istioPeer.
@@ -294,6 +303,9 @@ func startPeer(t testing.TB, cfg peerConfig) *istioPeer {
 	t.Helper()
 	bin := testbin.Require(t, "istio-mcp-peer")
 	args := []string{"-mode", cfg.mode, "-addr", cfg.addr, "-collections", strings.Join(cfg.collections, ",")}
+	if cfg.meta != "" {
+		args = append(args, "-meta", cfg.meta)
+	}
 	if cfg.incremental {
 		args = append(args, "-incremental")
 	}
@@ -440,6 +452,32 @@ func (p *istioPeer) set(collection, version string, s state) {
 	for _, n := range slices.Sorted(maps.Keys(s)) {
 		cmd.Resources = append(cmd.Resources, peerResource{Name: n, Version: s[n].version, Value: s[n].value})
 	}
+	p.send(cmd)
+}
+
+// setSpecs replaces collection's full state at version with real specs, by name; every
+// resource is at version "1" unless its name has "@v" (ns/name@2).
+func (p *istioPeer) setSpecs(collection, version string, specs map[string]proto.Message) {
+	p.t.Helper()
+	cmd := peerCommand{Op: "set", Collection: collection, Version: version, Resources: []peerResource{}}
+	for _, n := range slices.Sorted(maps.Keys(specs)) {
+		body, err := anypb.New(specs[n])
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		name, v, ok := strings.Cut(n, "@")
+		if !ok {
+			v = "1"
+		}
+		cmd.Resources = append(cmd.Resources, peerResource{Name: name, Version: v, Body: &peerAny{TypeURL: body.TypeUrl, Value: body.Value}})
+	}
+	p.send(cmd)
+}
+
+// send writes a set command and waits for the peer to confirm it.
+func (p *istioPeer) send(cmd peerCommand) {
+	p.t.Helper()
+	collection, version := cmd.Collection, cmd.Version
 	count := func() int {
 		n := 0
 		for _, e := range p.all() {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/routing"
 )
@@ -38,6 +39,7 @@ type benchHub struct {
 func startHub(clusters int) (*benchHub, error) {
 	cfg := hub.Defaults()
 	cfg.Insecure, cfg.Ingest, cfg.Serve, cfg.Collections = true, "127.0.0.1:0", "127.0.0.1:0", []string{hubCollection}
+	cfg.Kinds = []kinds.Kind{{Collection: hubCollection, Group: "bench.meshfed.io", Version: "v1", Resource: "resources", Kind: "Resource"}}
 	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
 	cfg.WarmUp = hub.Duration{Duration: time.Minute}
 	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}

@@ -23,6 +23,7 @@ import (
 	xrate "golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	mcp "istio.io/api/mcp/v1alpha1"
 	"istio.io/istio/pkg/mcp/rate"
@@ -74,6 +75,15 @@ type resourceJSON struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
 	Value   string `json:"value"`
+	// Body, when set (set commands only), is the resource's body as it is, a
+	// google.protobuf.Any of any type: a test sends real Istio specs through.
+	Body *anyJSON `json:"body,omitempty"`
+}
+
+// anyJSON is a google.protobuf.Any: its type URL and its value's bytes (base64 in JSON).
+type anyJSON struct {
+	TypeURL string `json:"typeUrl"`
+	Value   []byte `json:"value"`
 }
 
 type appliedEvent struct {
@@ -176,6 +186,9 @@ func (s *snapshotState) set(cmd *command) error {
 		if err != nil {
 			return fmt.Errorf("marshal %q: %v", r.Name, err)
 		}
+		if r.Body != nil {
+			body = &types.Any{TypeUrl: r.Body.TypeURL, Value: r.Body.Value}
+		}
 		res = append(res, &mcp.Resource{
 			Metadata: &mcp.Metadata{Name: r.Name, Version: r.Version},
 			Body:     body,
@@ -251,6 +264,7 @@ func main() {
 	collections := flag.String("collections", "", "comma-separated collection names")
 	incremental := flag.Bool("incremental", false, "sinks request incremental updates; sources allow them")
 	id := flag.String("id", "istio-mcp-peer", "sink node id")
+	meta := flag.String("meta", "", "client modes: gRPC metadata key=value pairs, comma-separated, sent on the stream (as Galley's --sinkMeta)")
 	flag.Parse()
 
 	configureIstioLogging()
@@ -267,6 +281,17 @@ func main() {
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
+	if *meta != "" {
+		md := metadata.MD{}
+		for _, kv := range strings.Split(*meta, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				fatal("-meta %q: want key=value pairs", *meta)
+			}
+			md.Append(strings.TrimSpace(k), strings.TrimSpace(v))
+		}
+		ctx = metadata.NewOutgoingContext(ctx, md)
+	}
 
 	srcOpts := func(st *snapshotState) *source.Options {
 		co := make([]source.CollectionOptions, 0, len(names))

@@ -1,0 +1,104 @@
+package mcp
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+func TestRefusedCollection(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{status.Errorf(codes.InvalidArgument, "unsupported collection %q", vs), vs},
+		{status.Errorf(codes.InvalidArgument, "unsupported collection %q", `we"ird`), `we"ird`},
+		{status.Errorf(codes.Unavailable, "unsupported collection %q", vs), ""},
+		{status.Error(codes.InvalidArgument, "unsupported collection"), ""},
+		{errors.New(`unsupported collection "x"`), ""},
+		{nil, ""},
+	} {
+		got, ok := refusedCollection(tc.err)
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("refusedCollection(%v) = %q, %v; want %q", tc.err, got, ok, tc.want)
+		}
+	}
+}
+
+func FuzzRefusedCollection(f *testing.F) {
+	f.Add(fmt.Sprintf("unsupported collection %q", vs))
+	f.Add(`unsupported collection "\x"`)
+	f.Fuzz(func(t *testing.T, msg string) {
+		name, ok := refusedCollection(status.Error(codes.InvalidArgument, msg))
+		if ok && status.Errorf(codes.InvalidArgument, "unsupported collection %q", name).Error() == "" {
+			t.Fatal("unreachable")
+		}
+	})
+}
+
+// A refusal stays for the next streams; a stream that ran without it and ended for another
+// reason lets the next one ask again; a stream closed as superseded is a refusal, not such
+// an end.
+func TestNegotiationRetry(t *testing.T) {
+	n := NewNegotiation(discardLogger(), nil)
+	n.refuse(dr, "unsupported")
+	want, left := n.wanted([]string{vs, dr})
+	if !equal(want, []string{vs}) || !left[dr] {
+		t.Fatalf("wanted = %v, left %v", want, left)
+	}
+	a, b := NewStreamInfo("", nil, nil), NewStreamInfo("", nil, nil)
+	n.wait(a, vs)
+	n.superseded(b) // a waited for vs: refused, and a's end is that refusal
+	n.ended(a, left, false)
+	if r := n.Refused(); len(r) != 2 {
+		t.Fatalf("after a superseded stream ended: refused %v, want %s and %s", r, vs, dr)
+	}
+	_, left = n.wanted([]string{vs, dr})
+	n.ended(b, left, false) // b ran without both, and ended otherwise
+	if r := n.Refused(); len(r) != 0 {
+		t.Errorf("after a stream ended for another reason: refused %v, want none", r)
+	}
+}
+
+// A source that does not say it resumes (Istio's): nothing is declared after the first
+// request, and a collection's first push on the stream is its full state, even flagged
+// incremental and split in chunks.
+func TestSinkFirstPushOfANonResumingSourceIsFullState(t *testing.T) {
+	rec := newRecorder()
+	rec.state[dr] = map[string]string{"ns/stale": "1"} // held from an earlier stream
+	sink := newTestSink(t, rec, []string{vs, dr})
+	src := newRawSourceAs(t, sink, sourceServes, false)
+	first := src.next()
+	if first.Collection != vs {
+		t.Fatalf("first request = %v, want %s", first, vs)
+	}
+	src.push(&mcppb.Resources{Collection: vs, Nonce: "1", Resources: []*mcpapi.Resource{res("ns/a", "1", "A")}})
+	src.next() // ACK
+	other := src.next()
+	if other.Collection != dr || len(other.InitialResourceVersions) != 0 || other.ResponseNonce != "" {
+		t.Fatalf("second request = %v, want %s, declaring nothing", other, dr)
+	}
+	src.push(&mcppb.Resources{Collection: vs, Nonce: "2", Incremental: true, Resources: []*mcpapi.Resource{res("ns/new", "1", "N")}})
+	src.next()
+	src.push(&mcppb.Resources{Collection: other.Collection, Nonce: "3", Incremental: true, SystemVersionInfo: "9;chunk=1/2",
+		Resources: []*mcpapi.Resource{res("ns/x", "1", "X")}})
+	src.next()
+	src.push(&mcppb.Resources{Collection: other.Collection, Nonce: "4", Incremental: true, SystemVersionInfo: "9;chunk=2/2",
+		Resources: []*mcpapi.Resource{res("ns/y", "1", "Y")}})
+	src.next()
+	rec.waitState(t, other.Collection, map[string]string{"ns/x": "1", "ns/y": "1"})
+	rec.mu.Lock()
+	last := rec.changes[len(rec.changes)-1]
+	rec.mu.Unlock()
+	if last.Incremental || len(last.Entries) != 2 {
+		t.Errorf("the split first push was applied as %d entries, incremental %v; want one full state of 2", len(last.Entries), last.Incremental)
+	}
+	// Later pushes are what they say.
+	rec.waitState(t, vs, map[string]string{"ns/a": "1", "ns/new": "1"})
+}
