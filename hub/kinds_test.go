@@ -21,6 +21,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -78,15 +79,7 @@ func kindsTestHub(t *testing.T) *Hub {
 // (any version), a kind the hub does not serve and MeshConfig are answered empty.
 func TestXDSServesTrafficExtensionAndConfiguredKinds(t *testing.T) {
 	h := kindsTestHub(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testrun.Start(t, "Run", h.Run)
 	var serve string
 	for deadline := time.Now().Add(10 * time.Second); serve == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		_, serve, _ = h.Addrs()
@@ -96,6 +89,8 @@ func TestXDSServesTrafficExtensionAndConfiguredKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 )
 
 // The integration tier: a real etcd + kube-apiserver with Istio's CRDs from
@@ -78,15 +79,7 @@ func runMinion(t *testing.T, cfg *Config) *Minion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("minion Run: %v", err)
-		}
-	})
+	testrun.Start(t, "minion Run", m.Run)
 	return m
 }
 

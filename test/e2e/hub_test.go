@@ -35,6 +35,7 @@ import (
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -89,15 +90,7 @@ func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("hub Run: %v", err)
-		}
-	})
+	testrun.Start(t, "hub Run", h.Run)
 	waitFor(t, 10*time.Second, "hub listening", func() bool { _, s, a := h.Addrs(); return s != "" && a != "" })
 	return h
 }
@@ -124,20 +117,7 @@ func startMinion(t *testing.T, cfg *minion.Config) (m *minion.Minion, stop func(
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("minion Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return m, stop
+	return m, testrun.Start(t, "minion Run", m.Run)
 }
 
 // runMinion runs a development-mode minion for cluster publishing root to the hub, until

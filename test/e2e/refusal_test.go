@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
@@ -100,15 +100,7 @@ func refusalRun(t *testing.T, refused bool) refusalCost {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("minion Run: %v", err)
-		}
-	})
+	testrun.Start(t, "minion Run", m.Run)
 
 	held := func(n int) {
 		t.Helper()

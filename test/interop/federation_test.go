@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/minion"
@@ -42,15 +43,7 @@ func runTestHub(t *testing.T) *hub.Hub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("hub Run: %v", err)
-		}
-	})
+	testrun.Start(t, "hub Run", h.Run)
 	waitUntil(t, "the hub listening", func() (bool, string) { i, s, _ := h.Addrs(); return i != "" && s != "", "" })
 	return h
 }
@@ -153,15 +146,7 @@ func startFollowingMinion(t *testing.T, addr string) *minion.Minion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("minion Run: %v", err)
-		}
-	})
+	testrun.Start(t, "minion Run", m.Run)
 	return m
 }
 
