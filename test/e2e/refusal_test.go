@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/anypb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/minion"
@@ -112,7 +112,8 @@ func refusalRun(t *testing.T, refused bool) refusalCost {
 	if refused {
 		waitFor(t, 10*time.Second, "the hub reporting the two refusals", func() bool { return len(h.Clusters()[0].Rejections[vs]) == 2 })
 	}
-	bytes0, nacks0 := sum(t, tel.Registry, "meshfed_mcp_bytes_total", "role", "source", "direction", "sent"), sum(t, tel.Registry, "meshfed_mcp_nacks_total", "role", "source")
+	sent, source := map[string]string{"role": "source", "direction": "sent"}, map[string]string{"role": "source"}
+	bytes0, nacks0 := promtest.Sum(t, tel.Registry, "meshfed_mcp_bytes_total", sent), promtest.Sum(t, tel.Registry, "meshfed_mcp_nacks_total", source)
 	for i := range 50 {
 		put("shop", fmt.Sprintf("vs-%02d", i), "1")
 		held(2 + i)
@@ -122,37 +123,8 @@ func refusalRun(t *testing.T, refused bool) refusalCost {
 		held(50 - i)
 	}
 	return refusalCost{
-		bytes:      int(sum(t, tel.Registry, "meshfed_mcp_bytes_total", "role", "source", "direction", "sent") - bytes0),
-		nacks:      int(sum(t, tel.Registry, "meshfed_mcp_nacks_total", "role", "source") - nacks0),
-		rejections: int(sum(t, tel.Registry, "meshfed_minion_hub_rejections_total")),
+		bytes:      int(promtest.Sum(t, tel.Registry, "meshfed_mcp_bytes_total", sent) - bytes0),
+		nacks:      int(promtest.Sum(t, tel.Registry, "meshfed_mcp_nacks_total", source) - nacks0),
+		rejections: int(promtest.Sum(t, tel.Registry, "meshfed_minion_hub_rejections_total", nil)),
 	}
-}
-
-// sum adds up the series of a counter family whose labels include labels (name, value, ...).
-func sum(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if got[labels[i]] != labels[i+1] {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
 }

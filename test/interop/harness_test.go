@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/mcp"
@@ -740,30 +741,7 @@ func (r *streamRecorder) acksFor(collection string) []mcp.AckEvent {
 // metric sums the series of a counter or gauge family whose labels include want.
 func metric(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				labels[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range want {
-				if labels[k] != v {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return total
+	return promtest.Sum(t, reg, name, want)
 }
 
 // ---- meshfed's gRPC plumbing ----
