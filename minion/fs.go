@@ -23,6 +23,10 @@ import (
 // DefaultDebounce is how long the fs:// source waits for a burst of file events to settle.
 const DefaultDebounce = 100 * time.Millisecond
 
+// defaultRetry is how often the fs:// source looks for its directory while it cannot read
+// it: a removed directory takes its watch with it, so nothing would say it is back.
+const defaultRetry = time.Second
+
 // kindIndex finds the configured kind of an object by group and kind (any version: Istio
 // serves the same schema under several versions).
 type kindIndex map[schema.GroupKind]Kind
@@ -61,9 +65,11 @@ type FileSource struct {
 	log      *slog.Logger
 	metrics  *Metrics
 	debounce time.Duration
+	retry    time.Duration
 
 	mu       sync.Mutex // guards the following fields
 	files    map[string]*fileState
+	rootErr  error // why the directory cannot be read, if it cannot
 	problems []Problem
 	synced   bool
 }
@@ -75,7 +81,7 @@ func NewFileSource(name, root string, kinds []Kind, store *Store, log *slog.Logg
 		colls = append(colls, k.Collection)
 	}
 	return &FileSource{name: name, root: root, kinds: newKindIndex(kinds), colls: colls, store: store,
-		log: log.With("source", name), metrics: m, debounce: DefaultDebounce, files: map[string]*fileState{}}
+		log: log.With("source", name), metrics: m, debounce: DefaultDebounce, retry: defaultRetry, files: map[string]*fileState{}}
 }
 
 // Name returns the source's name (its URL).
@@ -88,14 +94,17 @@ func (s *FileSource) Synced() bool {
 	return s.synced
 }
 
-// Problems returns the current problems (syntax errors, invalid objects), sorted.
+// Problems returns the current problems (an unreadable directory, syntax errors, invalid
+// objects), sorted.
 func (s *FileSource) Problems() []Problem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.problems)
 }
 
-// Run scans the directory, publishes, and rescans on every change until ctx ends.
+// Run scans the directory, publishes, and rescans on every change until ctx ends. The
+// directory must exist at the start; if it goes later, what was read from it stays
+// published and reported as a problem until it is back.
 func (s *FileSource) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -103,16 +112,31 @@ func (s *FileSource) Run(ctx context.Context) error {
 	}
 	defer w.Close()
 	if err := s.scan(w); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", s.name, err)
 	}
 	var timer *time.Timer
 	var fire <-chan time.Time
+	after := func(d time.Duration) {
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		fire = timer.C
+	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	rescan := func() {
+		if s.scan(w) != nil {
+			after(s.retry) // the directory's watch went with it: look again later
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
 			return nil
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -123,30 +147,23 @@ func (s *FileSource) Run(ctx context.Context) error {
 					_ = w.Add(ev.Name) // files created inside it before this are found by the rescan
 				}
 			}
-			if timer == nil {
-				timer = time.NewTimer(s.debounce)
-			} else {
-				timer.Reset(s.debounce)
-			}
-			fire = timer.C
+			after(s.debounce)
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New(s.name + ": watcher closed")
 			}
 			s.log.Warn("file watcher error; rescanning", "err", err)
-			if err := s.scan(w); err != nil {
-				s.log.Error("rescan failed", "err", err)
-			}
+			rescan()
 		case <-fire:
 			fire = nil
-			if err := s.scan(w); err != nil {
-				s.log.Error("rescan failed", "err", err)
-			}
+			rescan()
 		}
 	}
 }
 
-// scan walks the tree, re-parses changed files, and publishes every collection.
+// scan walks the tree, re-parses changed files, and publishes every collection. When the
+// directory cannot be read it returns why, keeps every file's objects and, once the source
+// has synced, publishes that as a problem.
 func (s *FileSource) scan(w *fsnotify.Watcher) error {
 	seen := map[string]bool{}
 	err := filepath.WalkDir(s.root, func(path string, d fs.DirEntry, err error) error {
@@ -189,18 +206,21 @@ func (s *FileSource) scan(w *fsnotify.Watcher) error {
 		s.mu.Unlock()
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
-	}
 	s.mu.Lock()
-	for path := range s.files {
-		if !seen[path] {
-			delete(s.files, path)
+	s.rootErr = err
+	if err == nil {
+		for path := range s.files {
+			if !seen[path] {
+				delete(s.files, path)
+			}
 		}
 	}
+	synced := s.synced
 	s.mu.Unlock()
-	s.publish()
-	return nil
+	if err == nil || synced {
+		s.publish()
+	}
+	return err
 }
 
 func isConfigFile(name string) bool {
@@ -295,6 +315,10 @@ func (s *FileSource) publish() {
 	byColl := map[string]map[string]*mcp.Entry{}
 	from := map[string]string{}
 	var problems []Problem
+	if s.rootErr != nil {
+		problems = append(problems, Problem{Where: s.root,
+			Reason: "cannot read the directory: " + s.rootErr.Error() + " (the objects read from it stay published until it is back)"})
+	}
 	for _, p := range paths {
 		st := s.files[p]
 		rel, _ := filepath.Rel(s.root, p)

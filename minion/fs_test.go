@@ -1,15 +1,21 @@
 package minion
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
@@ -21,6 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const (
 	vsColl = "istio/networking/v1alpha3/virtualservices"
 	drColl = "istio/networking/v1alpha3/destinationrules"
+	efColl = "istio/networking/v1alpha3/envoyfilters"
 )
 
 func testLog(t testing.TB) *slog.Logger { return testlog.New(t) }
@@ -65,10 +72,18 @@ func keys(m map[string]string) string {
 	return strings.Join(ks, ",")
 }
 
-func startFileSource(t *testing.T, root string) (*FileSource, *mcp.Cache) {
+// startFileSource runs a source reading root into a cache of colls (VirtualServices and
+// DestinationRules when none are given) until the test ends.
+func startFileSource(t *testing.T, root string, colls ...string) (*FileSource, *mcp.Cache) {
 	t.Helper()
-	cache := mcp.NewCache(vsColl, drColl)
-	kinds := []Kind{mustKind(t, vsColl), mustKind(t, drColl)}
+	if len(colls) == 0 {
+		colls = []string{vsColl, drColl}
+	}
+	cache := mcp.NewCache(colls...)
+	var kinds []Kind
+	for _, c := range colls {
+		kinds = append(kinds, mustKind(t, c))
+	}
 	store := NewStore(cache, []string{"fs"}, testLog(t))
 	src := NewFileSource("fs", root, kinds, store, testLog(t), nil)
 	src.debounce = 10 * time.Millisecond
@@ -217,11 +232,215 @@ func TestParseDocumentsReportsLines(t *testing.T) {
 	}
 }
 
-// FuzzParseDocuments: arbitrary file content never panics, and every problem names a line.
+// TestFileSourceDirectoryRemovedAndRecreated: while the directory is gone the minion keeps
+// its objects and reports the gap in its status; when it is back its files are read and
+// watched again.
+func TestFileSourceDirectoryRemovedAndRecreated(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		remove func(dir string) error
+	}{
+		{"removed", os.RemoveAll},
+		{"moved away", func(dir string) error { return os.Rename(dir, dir+".old") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "conf")
+			write(t, root, "a.yaml", vsDoc("a", "", "a"))
+			write(t, root, "shop/b.yaml", vsDoc("b", "", "b"))
+			m := runMinion(t, fsConfig(root, "push://"+deadAddr(t)))
+			eventually(t, "the first scan", m.Ready)
+			before := published(m.Cache(), vsColl)
+			if keys(before) != "default/a,shop/b" {
+				t.Fatalf("virtualservices = %v", before)
+			}
+			problems := func() []Problem { return m.Status().Sources[0].Problems }
+
+			if err := tc.remove(root); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the missing directory in the status", func() bool {
+				p := problems()
+				return len(p) == 1 && p[0].Where == root && strings.Contains(p[0].Reason, "cannot read the directory")
+			})
+			if got := published(m.Cache(), vsColl); !maps.Equal(got, before) {
+				t.Fatalf("published %v while the directory is missing, want %v", got, before)
+			}
+			if st := m.Status(); !st.Ready || !st.Sources[0].Synced {
+				t.Errorf("status = %+v, want still synced: the objects read stay served", st)
+			}
+
+			// Back with one of its two files changed, the other gone, and a new one.
+			write(t, root, "a.yaml", vsDoc("a", "", "a2"))
+			write(t, root, "c.yaml", vsDoc("c", "", "c"))
+			eventually(t, "the re-created directory's files", func() bool {
+				p := published(m.Cache(), vsColl)
+				return keys(p) == "default/a,default/c" && p["default/a"] != before["default/a"] && len(problems()) == 0
+			})
+			// With the problem gone nothing polls: this change arrives through the new watch.
+			write(t, root, "billing/d.yaml", vsDoc("d", "", "d"))
+			eventually(t, "a file written after the directory came back", func() bool {
+				return published(m.Cache(), vsColl)["billing/d"] != ""
+			})
+		})
+	}
+}
+
+// luaEnvoyFilter carries Lua whose first line, a Lua comment, starts with "---".
+const luaEnvoyFilter = `apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata:
+  name: lua-header
+  namespace: shop
+spec:
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_INBOUND
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.lua
+        typedConfig:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          inlineCode: |
+            --- adds a header
+            function envoy_on_response(handle)
+              handle:headers():add("x-lua", "1")
+            end
+`
+
+const luaCode = "--- adds a header\nfunction envoy_on_response(handle)\n  handle:headers():add(\"x-lua\", \"1\")\nend\n"
+
+// TestFileSourceServesLuaEnvoyFilterWhole: the Lua reaches the cache whole, with the object
+// that follows it in the file.
+func TestFileSourceServesLuaEnvoyFilterWhole(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "shop/lua.yaml", luaEnvoyFilter+"---\n"+vsDoc("after", "", "after"))
+	src, cache := startFileSource(t, root, efColl, vsColl)
+	if p := src.Problems(); len(p) != 0 {
+		t.Fatalf("problems = %v", p)
+	}
+	if got := keys(published(cache, vsColl)); got != "shop/after" {
+		t.Errorf("virtualservices = %s", got)
+	}
+	entries := cache.Entries(efColl)
+	if len(entries) != 1 {
+		t.Fatalf("%d envoyfilters published", len(entries))
+	}
+	r, err := entries[0].Decode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ef networking.EnvoyFilter
+	if err := r.Body.UnmarshalTo(&ef); err != nil {
+		t.Fatal(err)
+	}
+	code := ef.GetConfigPatches()[0].GetPatch().GetValue().GetFields()["typedConfig"].GetStructValue().GetFields()["inlineCode"].GetStringValue()
+	if code != luaCode {
+		t.Errorf("inlineCode = %q, want %q", code, luaCode)
+	}
+}
+
+// TestFileSourceRefusesAFileThatDoesNotParseWhole: none of such a file is published, and
+// what it published before stays.
+func TestFileSourceRefusesAFileThatDoesNotParseWhole(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "shop/two.yaml", vsDoc("a", "", "a")+"---\n"+vsDoc("b", "", "b"))
+	src, cache := startFileSource(t, root)
+	before := published(cache, vsColl)
+	if keys(before) != "shop/a,shop/b" {
+		t.Fatalf("virtualservices = %v", before)
+	}
+	for _, tc := range []struct{ name, content, where, reason string }{
+		// A parser reads the first document and stops at "..."; b (and the change to a) must
+		// not go out without the rest.
+		{"content after the document end marker", vsDoc("a", "", "a2") + "...\n" + vsDoc("b", "", "b2") + "---\n" + vsDoc("c", "", "c"), "shop/two.yaml:8", "did not find expected <document start>"},
+		{"--- at column 0 with content", vsDoc("a", "", "a2") + "--- adds a header\n" + vsDoc("c", "", "c"), "shop/two.yaml:8", "invalid Yaml document separator: adds a header"},
+		{"a second document after a lone CR", strings.ReplaceAll(vsDoc("a", "", "a2")+"---\n"+vsDoc("c", "", "c"), "\n", "\r"), "shop/two.yaml:1", "a second document starts inside this one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			write(t, root, "shop/two.yaml", tc.content)
+			eventually(t, "the file refused at "+tc.where, func() bool {
+				p := src.Problems()
+				return len(p) == 1 && p[0].Where == filepath.FromSlash(tc.where) && strings.HasPrefix(p[0].Reason, tc.reason) &&
+					strings.Contains(p[0].Reason, "previous objects stay")
+			})
+			if got := published(cache, vsColl); !maps.Equal(got, before) {
+				t.Fatalf("published %v, want the file's previous objects %v", got, before)
+			}
+		})
+	}
+}
+
+// TestParseDocumentsYAMLStream: documents split where YAML splits them, never inside a
+// scalar, and a stream that cannot be split by lines is refused whole.
+func TestParseDocumentsYAMLStream(t *testing.T) {
+	obj := func(name, data string) string {
+		return "apiVersion: v1\nkind: K\nmetadata: {name: " + name + "}\ndata: " + data
+	}
+	for _, tc := range []struct {
+		name, in string
+		want     []string // line name data, per object
+		err      string   // prefix of the error
+	}{
+		{name: "--- and ... inside a literal block scalar",
+			in:   obj("a", "|\n  --- adds a header\n  x\n  ---\n  ...\n") + "---\n" + obj("b", "b\n"),
+			want: []string{`1 a "--- adds a header\nx\n---\n...\n"`, `10 b "b"`}},
+		{name: "--- inside a folded block scalar",
+			in:   obj("a", ">\n  one\n  --- two\n\n  three\n"),
+			want: []string{`1 a "one --- two\nthree\n"`}},
+		{name: "comments, a leading ---, empty documents",
+			in:   "# head\n---\n" + obj("a", "a # c\n") + "--- # next\n# only a comment\n---\n---\n" + obj("b", "'#b'\n"),
+			want: []string{`3 a "a"`, `11 b "#b"`}},
+		{name: "... ends a document",
+			in:   obj("a", "a\n") + "... # end\n---\n" + obj("b", "b\n") + "...\n",
+			want: []string{`1 a "a"`, `7 b "b"`}},
+		{name: "CRLF",
+			in:   strings.ReplaceAll(obj("a", "|\n  --- x\n  y\n")+"---\n"+obj("b", ">\n  b\n  c\n"), "\n", "\r\n"),
+			want: []string{`1 a "--- x\ny\n"`, `8 b "b c\n"`}},
+		{name: "JSON",
+			in:   `{"apiVersion": "v1", "kind": "K", "metadata": {"name": "a"}, "data": "---"}`,
+			want: []string{`1 a "---"`}},
+		{name: "a document after ... without ---", in: obj("a", "a\n") + "...\n" + obj("b", "b\n"), err: "f.yaml:5: "},
+		{name: "--- followed by content", in: obj("a", "a\n") + "--- |\n  text\n", err: "f.yaml:5: invalid Yaml document separator: |"},
+		{name: "----", in: obj("a", "a\n") + "---\n" + obj("b", "b\n") + "----\n", err: "f.yaml:10: invalid Yaml document separator: -"},
+		{name: "--- after a CR", in: obj("a", "a\r---\r") + obj("b", "b\n"), err: "f.yaml:1: a second document"},
+		{name: "--- after a LS", in: obj("a", "a\u2028---\u2028") + obj("b", "b\n"), err: "f.yaml:1: a second document"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, problems, err := parseDocuments("f.yaml", []byte(tc.in), "ns")
+			if tc.err != "" {
+				if err == nil || !strings.HasPrefix(err.Error(), tc.err) || len(objs) != 0 {
+					t.Fatalf("objects %d, err = %v, want %q", len(objs), err, tc.err)
+				}
+				return
+			}
+			if err != nil || len(problems) != 0 {
+				t.Fatalf("err = %v, problems = %v", err, problems)
+			}
+			var got []string
+			for _, o := range objs {
+				got = append(got, fmt.Sprintf("%d %s %q", o.line, o.obj.Name, o.obj.Content["data"]))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("objects:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+// FuzzParseDocuments: arbitrary file content never panics, every problem names a line, and
+// CRLF line breaks read as LF.
 func FuzzParseDocuments(f *testing.F) {
 	f.Add([]byte(vsDoc("a", "  namespace: n", "h")))
 	f.Add([]byte("---\n---\nkind: [\n"))
 	f.Add([]byte("apiVersion: a/b/c\nkind: K\nmetadata: {name: x, creationTimestamp: nope}\n"))
+	f.Add([]byte(luaEnvoyFilter + "---\n" + vsDoc("b", "", "b")))
+	f.Add([]byte("# c\n--- # c\napiVersion: v1\nkind: K\nmetadata: {name: a}\ndata: |\n  ---\n  ...\nfold: >-\n  --- a\n  b\n...\n---\n"))
+	f.Add([]byte("apiVersion: v1\nkind: K\nmetadata: {name: a}\n...\napiVersion: v1\n"))
+	f.Add([]byte("apiVersion: v1\r\nkind: K\r\nmetadata: {name: a}\r\ndata: |\r\n  --- x\r\n---\r\n"))
+	f.Add([]byte("apiVersion: v1\rkind: K\rmetadata: {name: a}\r---\rkind: L\r"))
+	f.Add([]byte("--- |\n  text\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		objs, problems, err := parseDocuments("f.yaml", data, "dir")
 		if err != nil && !strings.HasPrefix(err.Error(), "f.yaml:") {
@@ -232,10 +451,22 @@ func FuzzParseDocuments(f *testing.F) {
 				t.Fatalf("problem without a line: %v", p)
 			}
 		}
+		lines := bytes.Count(data, []byte("\n")) + 1
 		for _, o := range objs {
 			if o.obj.Name == "" || o.gvk.Kind == "" {
 				t.Fatalf("object without name or kind: %+v", o)
 			}
+			if o.line < 1 || o.line > lines {
+				t.Fatalf("object at line %d of %d", o.line, lines)
+			}
+		}
+		if bytes.ContainsRune(data, '\r') {
+			return
+		}
+		crlf := bytes.ReplaceAll(data, []byte("\n"), []byte("\r\n"))
+		objs2, problems2, err2 := parseDocuments("f.yaml", crlf, "dir")
+		if fmt.Sprint(err) != fmt.Sprint(err2) || !reflect.DeepEqual(objs, objs2) || !reflect.DeepEqual(problems, problems2) {
+			t.Fatalf("CRLF reads differently:\nLF:   %v %v %v\nCRLF: %v %v %v", objs, problems, err, objs2, problems2, err2)
 		}
 	})
 }

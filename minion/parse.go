@@ -1,16 +1,21 @@
 package minion
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+	goyaml "sigs.k8s.io/yaml/goyaml.v2"
 )
 
 // Problem is something wrong with one input, reported with where it is.
@@ -45,24 +50,66 @@ type document struct {
 	data []byte
 }
 
-// splitDocuments splits a multi-document YAML stream on "---" separator lines.
-func splitDocuments(data []byte) []document {
+// splitDocuments splits a YAML stream with apimachinery's YAMLReader, which ends a document
+// only at a line starting with "---" in column 0, so an indented "---" inside a block scalar
+// (a Lua comment in an EnvoyFilter) stays content. It refuses a "---" line followed by
+// anything but a comment ("--- |", "--- {a: 1}", "----"): valid YAML, but not splittable by
+// lines, so such a file is a syntax error. Line breaks CRLF come out as LF.
+func splitDocuments(file string, data []byte) ([]document, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs []document
-	start, line := 1, 1
-	var cur bytes.Buffer
-	for _, l := range bytes.SplitAfter(data, []byte("\n")) {
-		trimmed := bytes.TrimSpace(l)
-		if bytes.Equal(trimmed, []byte("---")) || bytes.HasPrefix(trimmed, []byte("--- ")) || bytes.HasPrefix(trimmed, []byte("---#")) {
-			docs = append(docs, document{line: start, data: bytes.Clone(cur.Bytes())})
-			cur.Reset()
-			start = line + 1
-		} else {
-			cur.Write(l)
+	line := 1
+	for {
+		chunk, err := r.Read()
+		if err == io.EOF {
+			return docs, nil
 		}
-		line++
+		if err != nil {
+			return nil, &SyntaxError{File: file, Line: refusedSeparator(data, line), Reason: err.Error()}
+		}
+		start := line
+		line += bytes.Count(chunk, []byte("\n")) + 1 // its lines and the "---" that ended it
+		// A "---" that opens the stream (or follows another) is kept in the chunk.
+		if bytes.HasPrefix(chunk, []byte("---")) {
+			_, chunk, _ = bytes.Cut(chunk, []byte("\n"))
+			start++
+		}
+		docs = append(docs, document{line: start, data: chunk})
 	}
-	docs = append(docs, document{line: start, data: cur.Bytes()})
-	return docs
+}
+
+// refusedSeparator returns the line YAMLReader refused: the first, from line from on, that
+// starts with "---" followed by more than a comment.
+func refusedSeparator(data []byte, from int) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	for i := from - 1; i < len(lines); i++ {
+		rest, ok := bytes.CutPrefix(lines[i], []byte("---"))
+		if rest = bytes.TrimSpace(rest); ok && len(rest) > 0 && rest[0] != '#' {
+			return i + 1
+		}
+	}
+	return from
+}
+
+// oneDocument fails unless doc holds at most one document for the parser behind
+// sigs.k8s.io/yaml, which decodes only the first: besides the "---" lines YAMLReader splits
+// on, that parser ends a document at "..." and at "---" after a CR, NEL, LS or PS line
+// break, and reads UTF-16. Without this check the rest of the chunk would vanish silently.
+func oneDocument(doc []byte) error {
+	d := goyaml.NewDecoder(bytes.NewReader(doc))
+	for n := 0; ; n++ {
+		var v any
+		err := d.Decode(&v)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			return errors.New(`a second document starts inside this one: only a "---" line after a LF or CRLF line break separates documents`)
+		}
+	}
 }
 
 var yamlLine = regexp.MustCompile(`line (\d+)`)
@@ -74,19 +121,27 @@ type decodedObject struct {
 	obj  *Object
 }
 
-// parseDocuments parses a file's documents into objects. A syntax error in any document
-// fails the whole file (its previous objects stay published); a document that is not a
-// valid object is a problem and is skipped.
+// parseDocuments parses a file's documents into objects. A file parses whole or not at all:
+// a syntax error anywhere fails it (its previous objects stay published). A document that
+// is not a valid object is a problem and is skipped; an empty one (null, only comments) is
+// skipped silently, as kubectl does.
 func parseDocuments(file string, data []byte, dirNamespace string) ([]decodedObject, []Problem, error) {
+	docs, err := splitDocuments(file, data)
+	if err != nil {
+		return nil, nil, err
+	}
 	var out []decodedObject
 	var problems []Problem
-	for _, doc := range splitDocuments(data) {
-		if len(bytes.TrimSpace(stripComments(doc.data))) == 0 {
-			continue
-		}
+	for _, doc := range docs {
 		js, err := yaml.YAMLToJSONStrict(doc.data)
+		if err == nil {
+			err = oneDocument(doc.data)
+		}
 		if err != nil {
 			return nil, nil, &SyntaxError{File: file, Line: absLine(doc.line, err.Error()), Reason: cleanYAMLError(err.Error())}
+		}
+		if bytes.Equal(js, []byte("null")) {
+			continue
 		}
 		var m map[string]any
 		if err := json.Unmarshal(js, &m); err != nil || m == nil {
@@ -102,17 +157,6 @@ func parseDocuments(file string, data []byte, dirNamespace string) ([]decodedObj
 		out = append(out, d)
 	}
 	return out, problems, nil
-}
-
-func stripComments(b []byte) []byte {
-	var out bytes.Buffer
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if t := bytes.TrimSpace(l); len(t) > 0 && t[0] != '#' {
-			out.Write(l)
-			out.WriteByte('\n')
-		}
-	}
-	return out.Bytes()
 }
 
 // absLine turns the line a YAML error names (relative to its document) into a file line.
