@@ -189,7 +189,9 @@ func (s *FileSource) scan(w *fsnotify.Watcher) error {
 			return nil
 		}
 		seen[path] = true
-		fi, err := d.Info()
+		// Stat, not the entry's Lstat: in a ConfigMap mount every file is a symlink through
+		// ..data, whose swap changes what the file is, never the link.
+		fi, err := os.Stat(path)
 		if err != nil {
 			return nil // removed meanwhile: the next event rescans
 		}

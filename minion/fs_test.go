@@ -470,3 +470,33 @@ func FuzzParseDocuments(f *testing.F) {
 		}
 	})
 }
+
+// A Kubernetes ConfigMap mount: every file is a symlink through ..data to a timestamped
+// directory, and an update swaps ..data atomically. The swap is seen and the new content
+// published; the timestamped directories themselves are not read.
+func TestFileSourceFollowsConfigMapSwap(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "..2026_11_23_a/shop.yaml", vsDoc("cart", "  namespace: shop", "cart.example.com"))
+	if err := os.Symlink("..2026_11_23_a", filepath.Join(root, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..data/shop.yaml", filepath.Join(root, "shop.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	_, cache := startFileSource(t, root)
+	eventually(t, "shop/cart published", func() bool { return keys(published(cache, vsColl)) == "shop/cart" })
+	first := published(cache, vsColl)["shop/cart"]
+
+	// The kubelet's update: a new timestamped directory, a new link renamed over ..data.
+	write(t, root, "..2026_11_23_b/shop.yaml", vsDoc("cart", "  namespace: shop", "cart2.example.com"))
+	if err := os.Symlink("..2026_11_23_b", filepath.Join(root, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(root, "..data_tmp"), filepath.Join(root, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the swapped content published", func() bool {
+		v, ok := published(cache, vsColl)["shop/cart"]
+		return ok && v != first && len(published(cache, vsColl)) == 1
+	})
+}

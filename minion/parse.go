@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
+	goyaml "go.yaml.in/yaml/v2"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
-	goyaml "sigs.k8s.io/yaml/goyaml.v2"
 )
 
 // Problem is something wrong with one input, reported with where it is.
