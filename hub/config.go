@@ -279,8 +279,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	return cfg, nil
 }
 
-// canonicalCollections resolves the collections a file names (collections, each cluster's,
-// and the keys of staleness.collections), typed as users do, to collection names through the table of the
+// canonicalCollections resolves the collections a file names (collections, each cluster's
+// collections and clusterScoped, the routing rules' names, and the keys of
+// staleness.collections), typed as users do, to collection names through the table of the
 // built-in and configured kinds, so that everything after sees collection names only.
 // Collections unset are every kind of the table.
 func (c *Config) canonicalCollections() error {
@@ -299,6 +300,26 @@ func (c *Config) canonicalCollections() error {
 			if cl.Collections, err = table.ResolveAll(fmt.Sprintf("clusters[%d] (%q).collections", i, cl.Name), cl.Collections); err != nil {
 				return err
 			}
+		}
+		if len(cl.ClusterScoped) > 0 {
+			if cl.ClusterScoped, err = table.ResolveAll(fmt.Sprintf("clusters[%d] (%q).clusterScoped", i, cl.Name), cl.ClusterScoped); err != nil {
+				return err
+			}
+		}
+	}
+	// A routing rule's collections are patterns; one without a wildcard is a name, typed
+	// like any other.
+	for i := range c.Routing.Rules {
+		r := &c.Routing.Rules[i]
+		for j, p := range r.Collections {
+			if strings.ContainsAny(p, "*?[") {
+				continue
+			}
+			k, err := table.Resolve(p)
+			if err != nil {
+				return fmt.Errorf("routing.rules[%d].collections[%d]: %w", i, j, err)
+			}
+			r.Collections[j] = k.Collection
 		}
 	}
 	if len(c.Staleness.Collections) == 0 {
@@ -452,6 +473,9 @@ func (c *Config) compile() (*compiled, error) {
 		}
 		if _, dup := out.clusters[cl.Name]; dup {
 			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
+		}
+		if err := kindTable.CheckCanonical(field+".clusterScoped", cl.ClusterScoped); err != nil {
+			return nil, err
 		}
 		out.clusters[cl.Name] = cl
 		out.colls[cl.Name] = c.Collections

@@ -43,3 +43,30 @@ poll: [{cluster: b, addr: "h:1", fullState: true}]
 		}
 	}
 }
+
+// clusterScoped and a routing rule's collections without a wildcard are typed like any
+// collection; a pattern stays a pattern.
+func TestClusterScopedAndRoutingCollectionsAsTyped(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`insecure: true
+clusters: [{name: a, identities: [a], namespaces: [x], clusterScoped: [gw]}]
+routing: {rules: [{name: r, nodeIds: ["*"], collections: [vs, "istio/security/*"]}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Clusters[0].ClusterScoped; !reflect.DeepEqual(got, []string{"istio/networking/v1alpha3/gateways"}) {
+		t.Errorf("clusterScoped = %v", got)
+	}
+	if got := cfg.Routing.Rules[0].Collections; !reflect.DeepEqual(got, []string{"istio/networking/v1alpha3/virtualservices", "istio/security/*"}) {
+		t.Errorf("routing collections = %v", got)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{"clusters: [{name: a, identities: [a], clusterScoped: [gws]}]", `clusters[0] ("a").clusterScoped[0]: unknown collection "gws"`},
+		{"clusters: [{name: a, identities: [a]}]\nrouting: {rules: [{name: r, collections: [vss]}]}", `routing.rules[0].collections[0]: unknown collection "vss"`},
+	} {
+		_, err := ParseConfig([]byte("insecure: true\n" + tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s:\n  err = %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+}
