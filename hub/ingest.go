@@ -225,6 +225,13 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	if len(rejected) == 0 {
 		return nil
 	}
+	if c.Stream != nil && !c.Stream.PeerResumes() {
+		// A source that does not resume (Istio's) reads any NACK as "nothing applied" and
+		// sends its next push against what it last had ACKed: a resource it sent since and
+		// then deleted would never be removed here. The push is applied but for the refused
+		// resources, which stay in status, logs and metrics: it is ACKed.
+		return nil
+	}
 	code := codes.AlreadyExists // only conflicts
 	if aclRejected {
 		code = codes.PermissionDenied

@@ -18,7 +18,10 @@
 // into the next; stale or unknown nonces are ignored; a NACKed version is not resent until
 // the collection changes; incremental pushes only to sinks that asked; resume from
 // initial_resource_versions; pushes never exceed the configured message size (incremental
-// ones are split); unserved collections get an empty state instead of a dead stream.
+// ones are split); unserved collections get an empty state instead of a dead stream; a NACK
+// that says the rest was applied (RejectionError) holds the version. As a sink, with a peer
+// that is not this engine (it says so with ResumesHeader): collections it refuses are left
+// out, and a collection's first push on a stream is its full state (Negotiation).
 //
 // XDSServer serves the same Watcher over MCP-over-xDS (envoy's ADS, state of the world), as
 // istiod 1.9+ consumes it; Redial keeps a client stream up with backoff. A store ends a

@@ -24,7 +24,7 @@ import (
 //     that ignores it does too), so deletions made while the stream was down are seen;
 //   - subscribes a source that dialed in without the header one collection at a time, each
 //     after the previous one's first push: Istio's source client then leaves the stream
-//     silently and dials again, and the collection the abandoned stream was waiting for is
+//     silently and dials again, and a collection two abandoned streams were waiting for is
 //     the one it refused (Negotiation.superseded);
 //   - on a stream it dialed, learns a refusal from the status the stream ends with
 //     (`InvalidArgument: unsupported collection "X"`), and PullFrom opens the next stream at
@@ -72,6 +72,8 @@ type Negotiation struct {
 	logged  map[string]bool
 	waiting map[*StreamInfo]string // open streams subscribing one at a time: the collection each waits for
 	dropped map[*StreamInfo]bool   // streams closed by superseded, whose end is a refusal
+	served  map[string]bool        // collections the peer has answered: never taken as refused
+	suspect map[string]bool        // collections a superseded stream waited for once
 }
 
 // NewNegotiation returns an empty Negotiation; log and metrics report refusals (nil: none).
@@ -80,7 +82,7 @@ func NewNegotiation(log *slog.Logger, metrics *Metrics) *Negotiation {
 		log = slog.Default()
 	}
 	return &Negotiation{log: log, metrics: metrics, refused: map[string]string{}, logged: map[string]bool{},
-		waiting: map[*StreamInfo]string{}, dropped: map[*StreamInfo]bool{}}
+		waiting: map[*StreamInfo]string{}, dropped: map[*StreamInfo]bool{}, served: map[string]bool{}, suspect: map[string]bool{}}
 }
 
 // Refused returns the collections the peer refused, with why, as they stand.
@@ -150,31 +152,56 @@ func (n *Negotiation) ended(info *StreamInfo, left map[string]bool, refusal bool
 func (n *Negotiation) wait(info *StreamInfo, collection string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if collection == "" {
+	if collection == "" || n.dropped[info] {
 		delete(n.waiting, info)
 	} else {
 		n.waiting[info] = collection
 	}
 }
 
-// superseded is called when a new stream of the peer opens: an older stream still waiting
-// for a first push was abandoned by the peer, which refused what it waited for. That stream
-// is closed.
+// answered records that the peer served collection on info's stream.
+func (n *Negotiation) answered(info *StreamInfo, collection string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.served[collection] = true
+	delete(n.suspect, collection)
+	if n.waiting[info] == collection {
+		delete(n.waiting, info)
+	}
+}
+
+// superseded is called when a new stream of a peer that does not resume opens: an older
+// stream still waiting for a first push was left by the peer, and is closed. Istio's source
+// client leaves a stream so when it refuses the collection asked; a network fault or a
+// restart can leave one too. So the collection is taken as refused only when a second
+// stream is left waiting for it, and never once the peer has served it: a refusal made in
+// error would freeze that collection of the cluster.
 func (n *Negotiation) superseded(by *StreamInfo) {
 	n.mu.Lock()
 	var stale []*StreamInfo
-	var colls []string
+	var refused []string
 	for info, c := range n.waiting {
-		if info != by {
-			stale = append(stale, info)
-			colls = append(colls, c)
-			delete(n.waiting, info)
-			n.dropped[info] = true
+		if info == by {
+			continue
+		}
+		stale = append(stale, info)
+		delete(n.waiting, info)
+		n.dropped[info] = true
+		switch {
+		case n.served[c]:
+		case n.suspect[c]:
+			delete(n.suspect, c)
+			refused = append(refused, c)
+		default:
+			n.suspect[c] = true
+			n.log.Info("the peer left a stream waiting for this collection; taken as refused if it does so again", logCollection, c)
 		}
 	}
 	n.mu.Unlock()
-	for i, info := range stale {
-		n.refuse(colls[i], "the peer left the stream waiting for this collection and opened a new one (as Istio's source does for a collection it does not serve)")
+	for _, c := range refused {
+		n.refuse(c, "the peer left two streams waiting for this collection and opened new ones (as Istio's source does for a collection it does not serve)")
+	}
+	for _, info := range stale {
 		info.Close()
 	}
 }

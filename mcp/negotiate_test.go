@@ -42,25 +42,54 @@ func FuzzRefusedCollection(f *testing.F) {
 	})
 }
 
-// A refusal stays for the next streams; a stream that ran without it and ended for another
-// reason lets the next one ask again; a stream closed as superseded is a refusal, not such
-// an end.
-func TestNegotiationRetry(t *testing.T) {
+// A collection is taken as refused when two streams in a row are left waiting for it, never
+// when the peer has served it (a reconnect during the subscription is not a refusal). A
+// refusal stays for the next streams; a stream that ran without it and ended for another
+// reason lets the next one ask again; a stream closed as superseded is not such an end.
+func TestNegotiationRefusalAndRetry(t *testing.T) {
 	n := NewNegotiation(discardLogger(), nil)
-	n.refuse(dr, "unsupported")
+	stream := func(waitFor string) *StreamInfo {
+		i := NewStreamInfo("", nil, nil)
+		n.superseded(i)
+		if waitFor != "" {
+			n.wait(i, waitFor)
+		}
+		return i
+	}
+	a := stream(vs)
+	b := stream(vs) // a left waiting for vs: suspected only
+	n.ended(a, nil, false)
+	if r := n.Refused(); len(r) != 0 {
+		t.Fatalf("after one stream left waiting: refused %v, want none", r)
+	}
+	c := stream(dr) // b left waiting for vs again: refused
+	n.ended(b, nil, false)
+	if r := n.Refused(); len(r) != 1 || r[vs] == "" {
+		t.Fatalf("after two streams left waiting: refused %v, want %s", r, vs)
+	}
 	want, left := n.wanted([]string{vs, dr})
-	if !equal(want, []string{vs}) || !left[dr] {
+	if !equal(want, []string{dr}) || !left[vs] {
 		t.Fatalf("wanted = %v, left %v", want, left)
 	}
-	a, b := NewStreamInfo("", nil, nil), NewStreamInfo("", nil, nil)
-	n.wait(a, vs)
-	n.superseded(b) // a waited for vs: refused, and a's end is that refusal
-	n.ended(a, left, false)
-	if r := n.Refused(); len(r) != 2 {
-		t.Fatalf("after a superseded stream ended: refused %v, want %s and %s", r, vs, dr)
+
+	// dr was served once: streams left waiting for it later are reconnects, not refusals.
+	n.answered(c, dr)
+	n.wait(c, dr)
+	d := stream(dr)
+	e := stream("")
+	if r := n.Refused(); len(r) != 1 {
+		t.Errorf("streams left waiting for a served collection: refused %v, want only %s", r, vs)
 	}
-	_, left = n.wanted([]string{vs, dr})
-	n.ended(b, left, false) // b ran without both, and ended otherwise
+	n.wait(c, dr) // a closed stream does not wait again
+	n.mu.Lock()
+	_, waiting := n.waiting[c]
+	n.mu.Unlock()
+	if waiting {
+		t.Error("a superseded stream waits again")
+	}
+
+	n.ended(d, left, false)
+	n.ended(e, left, false) // ran without vs, ended for another reason: vs is asked again
 	if r := n.Refused(); len(r) != 0 {
 		t.Errorf("after a stream ended for another reason: refused %v, want none", r)
 	}

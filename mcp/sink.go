@@ -204,7 +204,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 	}()
 
 	neg := k.opts.Negotiation
-	if info.Transport == "server" {
+	if info.Transport == "server" && !info.PeerResumes() {
 		neg.superseded(info)
 	}
 	want, left := neg.wanted(k.opts.Collections)
@@ -357,21 +357,28 @@ func (ks *sinkStream) handle(ctx context.Context, b []byte) error {
 	first := ks.requested[p.Collection] && !ks.answered[p.Collection]
 	if first {
 		ks.answered[p.Collection] = true
+		k.opts.Negotiation.answered(info, p.Collection)
 	}
 	if err == nil {
 		c := &Change{Stream: info, Collection: p.Collection, Incremental: p.Incremental, Entries: p.Entries, Resources: p.Resources, Removed: p.Removed, SystemVersionInfo: p.SystemVersionInfo,
 			More: moreChunks(p.SystemVersionInfo)}
-		c = ks.asFullState(c)
-		if c == nil {
+		whole := ks.asFullState(c)
+		if whole == nil {
 			// A chunk of a full state being gathered: acknowledged, applied with the last.
-		} else if aerr := k.opts.Applier.Apply(ctx, c); aerr != nil {
+		} else if aerr := k.opts.Applier.Apply(ctx, whole); aerr != nil {
 			err = aerr
 			if StatusCode(aerr) == codes.Unknown {
 				err = fmt.Errorf("%w: %w", ErrRejected, aerr)
 			}
 		} else {
-			k.record(c)
+			k.record(whole)
 		}
+		if whole != nil && whole != c && (err == nil || PartiallyApplied(toStatus(err).Proto())) {
+			delete(ks.firstFull, p.Collection) // the full state is held: what follows is what it says
+		}
+	}
+	if err != nil {
+		delete(ks.chunks, p.Collection) // a refused chunk ends the gathering; the source starts over
 	}
 	req := &mcppb.RequestResources{SinkNode: k.opts.Node, Collection: p.Collection, ResponseNonce: p.Nonce, Incremental: !k.opts.FullStateOnly}
 	ev := AckEvent{Collection: p.Collection, Nonce: p.Nonce}
@@ -393,9 +400,9 @@ func (ks *sinkStream) handle(ctx context.Context, b []byte) error {
 	return nil
 }
 
-// asFullState turns the first applied push of a collection whose request declared no
-// versions into a full-state change (see Negotiation), gathering a split one: it returns nil
-// for a chunk with more to come.
+// asFullState turns the push of a collection whose full state is still awaited (its request
+// declared no versions, see Negotiation) into a full-state change, a new one, gathering a
+// split push: it returns nil for a chunk with more to come, and c itself for any other push.
 func (ks *sinkStream) asFullState(c *Change) *Change {
 	if !ks.firstFull[c.Collection] {
 		return c
@@ -404,22 +411,21 @@ func (ks *sinkStream) asFullState(c *Change) *Change {
 		ks.chunks[c.Collection] = append(ks.chunks[c.Collection], c.Entries...)
 		return nil
 	}
-	delete(ks.firstFull, c.Collection)
+	full := *c
 	if gathered := ks.chunks[c.Collection]; gathered != nil {
 		delete(ks.chunks, c.Collection)
-		entries := append(gathered, c.Entries...)
-		resources := make([]*mcpapi.Resource, 0, len(entries))
-		for _, e := range entries {
+		full.Entries = append(gathered, c.Entries...)
+		full.Resources = make([]*mcpapi.Resource, 0, len(full.Entries))
+		for _, e := range full.Entries {
 			r, err := e.Decode()
 			if err != nil {
 				return c // cannot happen: every entry was decoded on arrival
 			}
-			resources = append(resources, r)
+			full.Resources = append(full.Resources, r)
 		}
-		c.Entries, c.Resources = entries, resources
 	}
-	c.Incremental, c.Removed, c.More = false, nil, false
-	return c
+	full.Incremental, full.Removed, full.More = false, nil, false
+	return &full
 }
 
 func checkDuplicates(p *push) error {

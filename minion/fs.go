@@ -166,12 +166,14 @@ func (s *FileSource) Run(ctx context.Context) error {
 // has synced, publishes that as a problem.
 func (s *FileSource) scan(w *fsnotify.Watcher) error {
 	seen := map[string]bool{}
+	var unreadable []string // below the root: their files keep their objects
 	err := filepath.WalkDir(s.root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == s.root {
 				return err
 			}
 			s.log.Warn("cannot read", "path", path, "err", err)
+			unreadable = append(unreadable, path)
 			return nil
 		}
 		if d.IsDir() {
@@ -212,7 +214,7 @@ func (s *FileSource) scan(w *fsnotify.Watcher) error {
 	s.rootErr = err
 	if err == nil {
 		for path := range s.files {
-			if !seen[path] {
+			if !seen[path] && !under(path, unreadable) {
 				delete(s.files, path)
 			}
 		}
@@ -223,6 +225,17 @@ func (s *FileSource) scan(w *fsnotify.Watcher) error {
 		s.publish()
 	}
 	return err
+}
+
+// under reports whether path is one of dirs or inside one: a file there that could not be
+// listed is not a file that was removed.
+func under(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if path == d || strings.HasPrefix(path, d+string(filepath.Separator)) {
+			return true
+		}
+	}
+	return false
 }
 
 func isConfigFile(name string) bool {

@@ -500,3 +500,20 @@ func TestFileSourceFollowsConfigMapSwap(t *testing.T) {
 		return ok && v != first && len(published(cache, vsColl)) == 1
 	})
 }
+
+// A file under a subdirectory that could not be listed keeps its objects (scan); only
+// the directory itself and what is inside it count, not a sibling sharing its prefix.
+func TestUnder(t *testing.T) {
+	dirs := []string{filepath.Join("r", "team")}
+	for path, want := range map[string]bool{
+		filepath.Join("r", "team"):            true,
+		filepath.Join("r", "team", "a.yaml"):  true,
+		filepath.Join("r", "team", "x", "b"):  true,
+		filepath.Join("r", "teams", "a.yaml"): false,
+		filepath.Join("r", "top.yaml"):        false,
+	} {
+		if got := under(path, dirs); got != want {
+			t.Errorf("under(%q) = %v, want %v", path, got, want)
+		}
+	}
+}

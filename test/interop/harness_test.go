@@ -178,14 +178,20 @@ func lastOf[T any](t testing.TB, what string, xs []T) T {
 // description of what it saw.
 func waitUntil(t testing.TB, what string, cond func() (ok bool, saw string)) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
+	waitUntilFor(t, waitTimeout, what, cond)
+}
+
+// waitUntilFor is waitUntil with a timeout of d, for what takes the peer's own delays.
+func waitUntilFor(t testing.TB, d time.Duration, what string, cond func() (ok bool, saw string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		ok, saw := cond()
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last seen: %s", waitTimeout, what, saw)
+			t.Fatalf("timed out after %v waiting for %s; last seen: %s", d, what, saw)
 		}
 		time.Sleep(pollInterval)
 	}
