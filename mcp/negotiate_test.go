@@ -131,3 +131,33 @@ func TestSinkFirstPushOfANonResumingSourceIsFullState(t *testing.T) {
 	// Later pushes are what they say.
 	rec.waitState(t, vs, map[string]string{"ns/a": "1", "ns/new": "1"})
 }
+
+// A first push refused whole leaves the full state awaited: the next push, flagged
+// incremental by Istio's source (it never had an ACK), is still applied as the full state.
+func TestSinkFullStateAwaitedAfterARefusedFirstPush(t *testing.T) {
+	rec := newRecorder()
+	rec.state[vs] = map[string]string{"ns/stale": "1"}
+	refuse := true
+	rec.reject = func(c *Change) error {
+		if refuse && c.Collection == vs {
+			refuse = false
+			return errors.New("not now")
+		}
+		return nil
+	}
+	sink := newTestSink(t, rec, []string{dr, vs})
+	src := newRawSourceAs(t, sink, sourceServes, false)
+	src.next() // dr
+	src.push(&mcppb.Resources{Collection: dr, Nonce: "1"})
+	src.next() // ACK
+	if r := src.next(); r.Collection != vs {
+		t.Fatalf("request = %v, want %s", r, vs)
+	}
+	src.push(&mcppb.Resources{Collection: vs, Nonce: "2", Incremental: true, Resources: []*mcpapi.Resource{res("ns/a", "1", "A")}})
+	if ack := src.next(); ack.ErrorDetail == nil {
+		t.Fatalf("the refused push was ACKed: %v", ack)
+	}
+	src.push(&mcppb.Resources{Collection: vs, Nonce: "3", Incremental: true, Resources: []*mcpapi.Resource{res("ns/a", "1", "A")}})
+	src.next()
+	rec.waitState(t, vs, map[string]string{"ns/a": "1"})
+}
