@@ -31,14 +31,18 @@ func vsSpec(hosts ...string) *networking.VirtualService {
 }
 
 // runTestHub runs a development-mode hub of one cluster, east (identity "east"), owning
-// everything, with every built-in collection, until the test ends.
-func runTestHub(t *testing.T) *hub.Hub {
+// everything, with every built-in collection (unless change says otherwise), until the
+// test ends.
+func runTestHub(t *testing.T, change func(*hub.Config)) *hub.Hub {
 	t.Helper()
 	cfg := hub.Defaults()
 	cfg.Insecure = true
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Identities: []string{"east"}, Namespaces: []string{"*"}, Hosts: []string{"*"}}}
 	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}
+	if change != nil {
+		change(cfg)
+	}
 	h, err := hub.New(cfg, testLogger(t, "hub: "), hub.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +81,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // and the stream that carries VirtualServices stays up for later changes.
 func TestHubIngestFromIstioSourceServingOnlyVirtualServices(t *testing.T) {
 	t.Parallel()
-	h := runTestHub(t)
+	h := runTestHub(t, nil)
 	ingest, serve, _ := h.Addrs()
 	istio := startPeer(t, peerConfig{mode: "source-client", addr: ingest, collections: []string{collA}, meta: mcp.DevIdentityHeader + "=east"})
 	istio.setSpecs(collA, "vs-1", map[string]proto.Message{"default/reviews": vsSpec("reviews.example.com")})
@@ -219,18 +223,10 @@ func equalStrings(a, b []string) bool {
 // push (the refusal stays in status), so a deletion made while a refusal stands arrives.
 func TestHubAcksIstioSourcePartlyRefusedPush(t *testing.T) {
 	t.Parallel()
-	cfg := hub.Defaults()
-	cfg.Insecure = true
-	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Collections = []string{collA}
-	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Identities: []string{"east"}, Namespaces: []string{"default"}, Hosts: []string{"*"}}}
-	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}
-	h, err := hub.New(cfg, testLogger(t, "hub: "), hub.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testrun.Start(t, "hub Run", h.Run)
-	waitUntil(t, "the hub listening", func() (bool, string) { i, s, _ := h.Addrs(); return i != "" && s != "", "" })
+	h := runTestHub(t, func(cfg *hub.Config) {
+		cfg.Collections = []string{collA}
+		cfg.Clusters[0].Namespaces = []string{"default"}
+	})
 	ingest, _, _ := h.Addrs()
 	istio := startPeer(t, peerConfig{mode: "source-client", addr: ingest, collections: []string{collA}, incremental: true, meta: mcp.DevIdentityHeader + "=east"})
 	istio.setSpecs(collA, "v1", map[string]proto.Message{"default/keep": vsSpec("keep.example.com")})
