@@ -46,6 +46,12 @@ type Config struct {
 	Ingest string `json:"ingest,omitempty"`
 	// Serve is where sinks subscribe (ResourceSource, MCP over xDS).
 	Serve string `json:"serve,omitempty"`
+	// ServeUnauthenticated, if set, is a second serving listener over TLS that
+	// authenticates the hub only (no client certificate asked), for istiods that cannot
+	// present one (their config source client speaks TLS mode SIMPLE). Its sinks have no
+	// identity: only routing rules marked unauthenticated select them, by the node id and
+	// annotations they claim. Off by default; needs tls or devCA.
+	ServeUnauthenticated string `json:"serveUnauthenticated,omitempty"`
 	// HTTP is the admin API, /metrics, /healthz, /readyz and pprof. Empty disables it.
 	HTTP string `json:"http,omitempty"`
 
@@ -398,7 +404,7 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s: required", field)
 		}
 	}
-	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve, "http": c.HTTP} {
+	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve, "http": c.HTTP, "serveUnauthenticated": c.ServeUnauthenticated} {
 		if addr == "" {
 			continue
 		}
@@ -415,6 +421,8 @@ func (c *Config) compile() (*compiled, error) {
 		return nil, errors.New("tls: required unless devCA or insecure is true")
 	case c.TLS != nil && c.Insecure:
 		return nil, errors.New("insecure: cannot be combined with tls")
+	case c.ServeUnauthenticated != "" && c.Insecure:
+		return nil, errors.New("serveUnauthenticated: needs tls or devCA (it is a TLS listener that authenticates the hub only)")
 	case c.TLS != nil:
 		if err := c.TLS.Files.Validate(); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)

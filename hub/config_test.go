@@ -91,6 +91,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"insecure: true\nclusters: [{name: a, identities: [i]}, {name: b, identities: [i]}]", `clusters[1] ("b").identities[0]: "i" is empty or already cluster "a"'s`},
 		{"insecure: true\nclusters: [{name: a, identities: [i]}, {name: a, identities: [j]}]", `clusters[1].name: "a" is used twice`},
 		{base + "warmUp: soon", "warmUp:"},
+		{base + "serveUnauthenticated: 127.0.0.1:1", "serveUnauthenticated: needs tls or devCA"},
+		{"devCA: true\nclusters: [{name: a, identities: [a]}]\nserveUnauthenticated: nowhere", "serveUnauthenticated:"},
 		{base + "staleness: {default: sometimes}", "staleness.default"},
 		{base + "staleness: {collections: {nope: 1m}}", `staleness.collections[nope]: unknown collection "nope": known: `},
 		{base + "conflicts: {priority: [zz]}", "conflicts.priority[0]"},

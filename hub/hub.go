@@ -42,6 +42,8 @@ type Hub struct {
 	source   *mcp.Source
 	creds    credentials.TransportCredentials // server side; nil in development mode
 	dialCred credentials.TransportCredentials // client side
+	// serverOnlyCreds authenticate the hub only (serveUnauthenticated).
+	serverOnlyCreds credentials.TransportCredentials
 	health   *health.Server
 
 	clustersMu sync.RWMutex // guards clusters
@@ -54,6 +56,7 @@ type Hub struct {
 	readyCh    chan struct{}
 	ingestAddr string
 	serveAddr  string
+	unauthAddr string
 	httpAddr   string
 }
 
@@ -132,6 +135,7 @@ func (h *Hub) setupTLS() error {
 	if err != nil {
 		return fmt.Errorf("tls: %w", err)
 	}
+	h.serverOnlyCreds = credentials.NewTLS(ts.ServerOnlyConfig())
 	h.creds = credentials.NewTLS(ts.ServerConfigWith(func(reason string, err error) {
 		h.metrics.tlsRejected(reason)
 		h.log.Warn("TLS handshake refused", "reason", reason, "err", err)
@@ -158,6 +162,14 @@ func (h *Hub) Redial(ctx context.Context, addrs []string, log *slog.Logger, stre
 	mcp.Redial(ctx, addrs, h.dialCred, b, log, nil, stream)
 }
 
+// UnauthenticatedAddr returns the bound serveUnauthenticated address ("" until Run has
+// opened it, or when it is off).
+func (h *Hub) UnauthenticatedAddr() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.unauthAddr
+}
+
 // Addrs returns the bound ingest, serve and HTTP addresses ("" until Run has opened them).
 func (h *Hub) Addrs() (ingest, serve, httpAddr string) {
 	h.mu.Lock()
@@ -174,26 +186,40 @@ func (h *Hub) Run(ctx context.Context) error {
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	g, ctx := errgroup.WithContext(ctx)
 
-	serverOpts := append(mcp.ServerOptions(),
-		grpc.MaxRecvMsgSize(MaxIngestMessageSize),
-		// istiod pings every 30 s; allow that and more without closing the connection.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}))
-	if h.creds != nil {
-		serverOpts = append(serverOpts, grpc.Creds(h.creds))
+	serverOpts := func(creds credentials.TransportCredentials) []grpc.ServerOption {
+		opts := append(mcp.ServerOptions(),
+			grpc.MaxRecvMsgSize(MaxIngestMessageSize),
+			// istiod pings every 30 s; allow that and more without closing the connection.
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}))
+		if creds != nil {
+			opts = append(opts, grpc.Creds(creds))
+		}
+		return opts
 	}
-	ingest := grpc.NewServer(serverOpts...)
+	type server struct {
+		name string
+		addr string
+		srv  *grpc.Server
+		set  *string
+	}
+	ingest := grpc.NewServer(serverOpts(h.creds)...)
 	mcp.NewSinkServer(h.newMinionSink, h.serverConfig(h.authenticateCluster)).Register(ingest)
 	healthpb.RegisterHealthServer(ingest, h.health)
-	serve := grpc.NewServer(serverOpts...)
-	mcp.NewSourceServer(h.source, h.serverConfig(h.authenticateSink)).Register(serve)
-	xds, err := mcp.NewXDSServer(router{h}, mcp.XDSOptions{Resolve: h.resolveTypeURL, MaxMessageSize: h.cfg.MaxMessageSize,
-		Server: h.serverConfig(h.authenticateSink)})
+	serve, err := h.serveServer(serverOpts(h.creds), h.serverConfig(h.authenticateSink))
 	if err != nil {
 		return err
 	}
-	xds.Register(serve)
-	healthpb.RegisterHealthServer(serve, h.health)
+	servers := []server{{"ingest", h.cfg.Ingest, ingest, &h.ingestAddr}, {"serve", h.cfg.Serve, serve, &h.serveAddr}}
+	if h.cfg.ServeUnauthenticated != "" {
+		sc := h.serverConfig(h.authenticateUnauthenticatedSink)
+		sc.Unauthenticated = true
+		open, err := h.serveServer(serverOpts(h.serverOnlyCreds), sc)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, server{"serveUnauthenticated", h.cfg.ServeUnauthenticated, open, &h.unauthAddr})
+	}
 
 	listeners := map[*grpc.Server]net.Listener{}
 	closeAll := func() {
@@ -201,12 +227,7 @@ func (h *Hub) Run(ctx context.Context) error {
 			_ = l.Close()
 		}
 	}
-	for _, l := range []struct {
-		name string
-		addr string
-		srv  *grpc.Server
-		set  *string
-	}{{"ingest", h.cfg.Ingest, ingest, &h.ingestAddr}, {"serve", h.cfg.Serve, serve, &h.serveAddr}} {
+	for _, l := range servers {
 		lis, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			closeAll()
@@ -240,6 +261,20 @@ func (h *Hub) Run(ctx context.Context) error {
 	g.Go(func() error { h.housekeeping(ctx); return nil })
 	h.runDialers(ctx, g)
 	return g.Wait()
+}
+
+// serveServer builds a gRPC server for sinks: ResourceSource and MCP over xDS over the same
+// router, admitted by sc.
+func (h *Hub) serveServer(opts []grpc.ServerOption, sc mcp.ServerConfig) (*grpc.Server, error) {
+	srv := grpc.NewServer(opts...)
+	mcp.NewSourceServer(h.source, sc).Register(srv)
+	xds, err := mcp.NewXDSServer(router{h}, mcp.XDSOptions{Resolve: h.resolveTypeURL, MaxMessageSize: h.cfg.MaxMessageSize, Server: sc})
+	if err != nil {
+		return nil, err
+	}
+	xds.Register(srv)
+	healthpb.RegisterHealthServer(srv, h.health)
+	return srv, nil
 }
 
 // errStopped ends Run's group when one of its parts could not start.

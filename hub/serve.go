@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub/api"
@@ -38,6 +39,15 @@ func (c *compiled) sink(identity, nodeID string, annotations map[string]string) 
 	return routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations}
 }
 
+// streamSink is sink for a serving stream: one admitted without authentication
+// (serveUnauthenticated) is routed as such, whatever it claims.
+func (c *compiled) streamSink(info *mcp.StreamInfo) routing.Sink {
+	node := info.Node()
+	s := c.sink(info.Identity, node.GetId(), node.GetAnnotations())
+	s.Unauthenticated = info.Unauthenticated
+	return s
+}
+
 // subset is what sink gives a sink: its routing subset.
 func (c *compiled) subset(identity, nodeID string, annotations map[string]string) *routing.Subset {
 	return c.routes.Select(c.sink(identity, nodeID, annotations))
@@ -45,13 +55,21 @@ func (c *compiled) subset(identity, nodeID string, annotations map[string]string
 
 var errNotReady = errors.New("the hub is warming up")
 
-// authenticateSink admits a sink's stream once the hub is ready; before, it is refused
-// with Unavailable so the sink retries instead of receiving a partial state.
-func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
+// authenticateReady refuses a sink, with Unavailable, until the hub is ready.
+func (h *Hub) authenticateReady() error {
 	if !h.Ready() {
 		pending := h.pendingClusters()
 		left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
-		return "", status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
+		return status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
+	}
+	return nil
+}
+
+// authenticateSink admits a sink's stream once the hub is ready; before, it is refused
+// with Unavailable so the sink retries instead of receiving a partial state.
+func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
+	if err := h.authenticateReady(); err != nil {
+		return "", err
 	}
 	id, err := PeerIdentity(ctx, h.cfg.Insecure)
 	if err != nil {
@@ -64,6 +82,21 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return id, nil
+}
+
+// authenticateUnauthenticatedSink admits a sink on the serveUnauthenticated listener, which
+// asks for no certificate: once the hub is ready, anyone, without an identity (only
+// unauthenticated routing rules select it, by what it claims).
+func (h *Hub) authenticateUnauthenticatedSink(ctx context.Context) (string, error) {
+	if err := h.authenticateReady(); err != nil {
+		return "", err
+	}
+	addr := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	h.log.Warn("admitting a sink without a client certificate: its node id and annotations are only what it claims", "peer", addr)
+	return "", nil
 }
 
 // resolveTypeURL maps istiod's MCP-over-xDS type URLs (group/version/Kind) to the served
@@ -112,7 +145,7 @@ type router struct{ h *Hub }
 func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (mcp.Collection, func(), bool) {
 	node := info.Node()
 	cur := r.h.current()
-	sink := cur.comp.sink(info.Identity, node.GetId(), node.GetAnnotations())
+	sink := cur.comp.streamSink(info)
 	if id := node.GetId(); id != "" && id != sink.NodeID {
 		r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
 			"identity", info.Identity, "node_id", id, "collection", collection)
@@ -168,8 +201,7 @@ func (r *watchRegistry) rerouted(comp *compiled) int {
 	r.mu.Lock()
 	var stale []*mcp.StreamInfo
 	for info, w := range r.streams {
-		node := info.Node()
-		if comp.subset(info.Identity, node.GetId(), node.GetAnnotations()).Key() != w.key {
+		if comp.routes.Select(comp.streamSink(info)).Key() != w.key {
 			stale = append(stale, info)
 		}
 	}

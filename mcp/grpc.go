@@ -39,6 +39,10 @@ type ServerConfig struct {
 	// StreamBurst is the number of streams a peer may open at once before StreamRate applies.
 	// Default 20.
 	StreamBurst int
+	// Unauthenticated marks every stream this server admits as unauthenticated
+	// (StreamInfo.Unauthenticated), for a listener that asks peers for no credentials;
+	// Authenticate still runs (it may refuse) and its identity is ignored.
+	Unauthenticated bool
 	// Logger for refusals. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, or nil for none.
@@ -97,7 +101,11 @@ func (a *admission) admit(ctx context.Context, role string) (*StreamInfo, error)
 		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
 			ErrRateLimited, key, a.cfg.StreamRate, a.cfg.StreamBurst)
 	}
+	if a.cfg.Unauthenticated {
+		identity = ""
+	}
 	info := newStreamInfo(role, "server", addr, identity)
+	info.Unauthenticated = a.cfg.Unauthenticated
 	if md, ok := metadata.FromIncomingContext(ctx); ok && mdResumes(md) {
 		info.setResumes()
 	}

@@ -104,7 +104,7 @@ func (d *Delta) encoded() []byte {
 	return d.body.get(func() []byte { return encodeBody(d.Collection, d.To, d.Updated, d.Removed, true) })
 }
 
-// StreamInfo describes one MCP stream to stores, hooks and logs.
+// StreamInfo describes one MCP stream (or MCP-over-xDS stream) to stores, hooks and logs.
 type StreamInfo struct {
 	// ID is unique per process.
 	ID uint64
@@ -112,11 +112,18 @@ type StreamInfo struct {
 	Role string
 	// Transport is "server" or "client": which side opened the gRPC stream.
 	Transport string
+	// Protocol is "mcp" (the MCP services and clients) or "xds" (MCP over xDS, XDSServer):
+	// what the stream speaks.
+	Protocol string
 	// Peer is the remote address.
 	Peer string
 	// Identity is the authenticated peer identity ("" when unauthenticated). Stores must
 	// authorize on this, never on Node.
 	Identity string
+	// Unauthenticated: the stream was admitted by a server that authenticates no one
+	// (ServerConfig.Unauthenticated); Identity is empty and what the peer says of itself is
+	// only a claim.
+	Unauthenticated bool
 
 	mu      sync.Mutex
 	node    *mcppb.SinkNode
@@ -143,7 +150,7 @@ func (i *StreamInfo) setResumes() {
 // (a fake stream calling the store directly): a peer with identity that sent node; Close
 // calls onClose (which may be nil).
 func NewStreamInfo(identity string, node *mcppb.SinkNode, onClose func()) *StreamInfo {
-	return &StreamInfo{ID: streamIDs.Add(1), Role: "source", Transport: "server", Identity: identity, node: node, cancel: onClose}
+	return &StreamInfo{ID: streamIDs.Add(1), Role: "source", Transport: "server", Protocol: "mcp", Identity: identity, node: node, cancel: onClose}
 }
 
 // Close ends the stream (its Serve returns, the peer sees the stream end and, being an MCP

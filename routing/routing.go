@@ -36,6 +36,11 @@ type Rule struct {
 	// Annotations the SinkNode must carry, with value patterns. Annotations are what the
 	// sink says about itself: a rule that grants sensitive data should also name identities.
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Unauthenticated: the rule selects only sinks that have no authenticated identity (the
+	// hub's serveUnauthenticated listener, for istiod, which presents no client
+	// certificate), by the node id and annotations they claim; no other rule, and not the
+	// default, selects such sinks. It cannot name identities.
+	Unauthenticated bool `json:"unauthenticated,omitempty"`
 
 	// Collections are patterns on collection names ("istio/networking/*").
 	Collections []string `json:"collections,omitempty"`
@@ -66,11 +71,15 @@ type Sink struct {
 	// NodeID and Annotations are from the SinkNode the sink sent.
 	NodeID      string
 	Annotations map[string]string
+	// Unauthenticated: the sink has no authenticated identity; only Unauthenticated rules
+	// select it.
+	Unauthenticated bool
 }
 
 // rule is a compiled Rule.
 type rule struct {
 	name                  string
+	unauthenticated       bool
 	identities, nodeIDs   []glob
 	annotations           map[string]glob
 	collections, clusters []glob
@@ -115,6 +124,9 @@ func New(cfg Config) (*Table, error) {
 		if seen[d.Name] {
 			return nil, fmt.Errorf("default.name: %q is also a rule's name", d.Name)
 		}
+		if d.Unauthenticated {
+			return nil, fmt.Errorf("default.unauthenticated: the default never serves sinks without an identity; give them a rule of their own")
+		}
 		d.Identities, d.NodeIDs, d.Annotations = nil, nil, nil
 		cr, err := compile("default", d)
 		if err != nil {
@@ -126,7 +138,10 @@ func New(cfg Config) (*Table, error) {
 }
 
 func compile(field string, r Rule) (*rule, error) {
-	cr := &rule{name: r.Name}
+	cr := &rule{name: r.Name, unauthenticated: r.Unauthenticated}
+	if r.Unauthenticated && len(r.Identities) > 0 {
+		return nil, fmt.Errorf("%s.identities: an unauthenticated rule selects sinks that have no identity", field)
+	}
 	var err error
 	if cr.identities, err = globs(field+".identities", r.Identities); err != nil {
 		return nil, err
@@ -182,7 +197,7 @@ func (t *Table) Select(s Sink) *Subset {
 			chosen = append(chosen, r)
 		}
 	}
-	if len(chosen) == 0 && t.def != nil {
+	if len(chosen) == 0 && t.def != nil && !s.Unauthenticated {
 		chosen = []*rule{t.def}
 	}
 	names := make([]string, len(chosen))
@@ -239,6 +254,9 @@ func (t *Table) SubsetByKey(key string) (*Subset, bool) {
 }
 
 func (r *rule) selects(s Sink) bool {
+	if r.unauthenticated != s.Unauthenticated {
+		return false
+	}
 	if !anyMatch(r.identities, s.Identity) || !anyMatch(r.nodeIDs, s.NodeID) {
 		return false
 	}

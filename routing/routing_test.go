@@ -125,9 +125,39 @@ func TestNewErrorsNameTheField(t *testing.T) {
 		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"shop", ""}}}}, `rules[0].namespaces[1]: "": empty pattern`},
 		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, "default.name"},
 		{Config{Rules: []Rule{{Name: "a", Annotations: map[string]string{"": "x"}}}}, "rules[0].annotations: empty key"},
+		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Identities: []string{"*"}}}}, "rules[0].identities: an unauthenticated rule selects sinks that have no identity"},
+		{Config{Default: &Rule{Unauthenticated: true}}, "default.unauthenticated"},
 	} {
 		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+// A sink without an authenticated identity is selected only by unauthenticated rules (by
+// what it claims), never by others or the default; such rules select no other sink.
+func TestUnauthenticatedSinks(t *testing.T) {
+	tab, err := New(Config{
+		Rules: []Rule{
+			{Name: "istiod-east", Unauthenticated: true, NodeIDs: []string{"istiod-east-*"}, Clusters: []string{"east"}},
+			{Name: "by-node", NodeIDs: []string{"istiod-*"}},
+		},
+		Default: &Rule{Name: "everything"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		sink Sink
+		want string
+	}{
+		{Sink{NodeID: "istiod-east-1", Unauthenticated: true}, "istiod-east"},
+		{Sink{NodeID: "istiod-west-1", Unauthenticated: true}, ""},
+		{Sink{NodeID: "istiod-east-1", Identity: "spiffe://td/sink/x"}, "by-node"},
+		{Sink{NodeID: "other", Identity: "spiffe://td/sink/x"}, "everything"},
+	} {
+		if got := tab.Select(tc.sink).Key(); got != tc.want {
+			t.Errorf("Select(%+v) = %q, want %q", tc.sink, got, tc.want)
 		}
 	}
 }

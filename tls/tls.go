@@ -152,6 +152,19 @@ func (s *Source) ClientConfig(serverName string) *tls.Config {
 // requires a client certificate that chains to the current bundle.
 func (s *Source) ServerConfig() *tls.Config { return s.ServerConfigWith(nil) }
 
+// ServerOnlyConfig is a server configuration that authenticates the server only: it serves
+// the current certificate and asks for no client certificate (for istiod's config source
+// client, which presents none: TLS mode SIMPLE). Whoever connects is not authenticated.
+func (s *Source) ServerOnlyConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			cert, _ := s.current()
+			return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*cert}, ClientAuth: tls.NoClientCert}, nil
+		},
+	}
+}
+
 // Rejection reasons a server reports for client certificates it refuses.
 const (
 	RejectNoCertificate    = "no_certificate"

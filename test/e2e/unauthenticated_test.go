@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	"github.com/meshfed/meshfed/routing"
+)
+
+// istiod's config source client speaks TLS that verifies the server only (mode SIMPLE) and
+// presents no client certificate. The hub's serveUnauthenticated listener admits such sinks,
+// as an explicit choice: they have no identity, only rules marked unauthenticated select
+// them (by the node id they claim), and the mutually authenticated listener still refuses
+// them.
+func TestServeUnauthenticated(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.ServeUnauthenticated = "127.0.0.1:0"
+	cfg.Routing = routing.Config{
+		Rules: []routing.Rule{
+			{Name: "istiod-east", Unauthenticated: true, NodeIDs: []string{"istiod-east-*"}, Clusters: []string{"east"}},
+			{Name: "any-istiod", NodeIDs: []string{"istiod-*"}}, // not for unauthenticated sinks
+		},
+		Default: &routing.Rule{Name: "everything"}, // nor this
+	}
+	h := runHub(t, cfg)
+	ingest, serve, _ := h.Addrs()
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "east", east, ingest)
+	tlsMinion(t, p, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	open := h.UnauthenticatedAddr()
+
+	// Server-authenticated TLS only, as istiod's tlsSettings {mode: SIMPLE, caCertificates}.
+	pem, err := os.ReadFile(p.bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	simple := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+
+	subscribe := func(node string) *mcp.Sink {
+		sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs}, Node: &mcppb.SinkNode{Id: node}, FullStateOnly: true,
+			Applier: mcp.ApplierFunc(func(context.Context, *mcp.Change) error { return nil }), Logger: logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pullOnce(t, open, simple, sink)
+		return sink
+	}
+	eastSink, westSink := subscribe("istiod-east-1"), subscribe("istiod-west-1")
+	waitFor(t, 10*time.Second, "istiod-east-1 holding east's VirtualService only", func() bool {
+		v := eastSink.Versions(vs)
+		return len(v) == 1 && v["shop/cart"] != ""
+	})
+	waitFor(t, 10*time.Second, "istiod-west-1 answered, with nothing", westSink.Synced)
+	if v := westSink.Versions(vs); len(v) != 0 {
+		t.Errorf("istiod-west-1, selected by no unauthenticated rule, holds %v", v)
+	}
+
+	// The mutually authenticated listener still wants a certificate.
+	if err := openStream(t, serve, simple, true); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("server-only TLS on the serve listener: %v, want a refused handshake", err)
+	}
+}
