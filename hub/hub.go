@@ -42,9 +42,9 @@ type Hub struct {
 	source   *mcp.Source
 	creds    credentials.TransportCredentials // server side; nil in development mode
 	dialCred credentials.TransportCredentials // client side
+	health   *health.Server
 	// serverOnlyCreds authenticate the hub only (serveUnauthenticated).
 	serverOnlyCreds credentials.TransportCredentials
-	health   *health.Server
 
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
