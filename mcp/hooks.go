@@ -12,7 +12,8 @@ import (
 // optional. Hooks are called synchronously on the stream's goroutine: they must be quick and
 // must not call back into the stream.
 type Hooks struct {
-	// StreamOpened is called when a stream starts, in either role.
+	// StreamOpened is called when a stream starts, in either role and either protocol
+	// (StreamInfo.Protocol).
 	StreamOpened func(*StreamInfo)
 	// StreamClosed is called when a stream ends, with the error that ended it (nil for a clean
 	// close by the peer).
@@ -23,9 +24,13 @@ type Hooks struct {
 	Acked func(*StreamInfo, AckEvent)
 }
 
-// PushEvent describes one Resources message.
+// PushEvent describes one Resources message, or one MCP-over-xDS response.
 type PushEvent struct {
-	Collection  string
+	// Collection is the pushed collection; over xDS, the type URL's collection, or the type
+	// URL itself when it resolves to none.
+	Collection string
+	// TypeURL is the xDS type URL the client subscribed with (MCP over xDS only).
+	TypeURL     string
 	Nonce       string
 	Version     uint64 // the source's collection version (0 on the sink side)
 	Incremental bool
@@ -36,7 +41,8 @@ type PushEvent struct {
 
 // AckEvent describes one ACK (Code OK) or NACK.
 type AckEvent struct {
-	Collection string
+	Collection string // as in PushEvent
+	TypeURL    string // as in PushEvent
 	Nonce      string
 	Version    uint64        // source side: the version acknowledged
 	Latency    time.Duration // source side: push to ACK

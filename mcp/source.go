@@ -88,7 +88,7 @@ type MsgStream interface {
 var streamIDs atomic.Uint64
 
 func newStreamInfo(role, transport, peer, identity string) *StreamInfo {
-	return &StreamInfo{ID: streamIDs.Add(1), Role: role, Transport: transport, Peer: peer, Identity: identity}
+	return &StreamInfo{ID: streamIDs.Add(1), Role: role, Transport: transport, Protocol: "mcp", Peer: peer, Identity: identity}
 }
 
 // Serve runs the source role on an established stream until the stream ends or ctx is done.

@@ -6,9 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -33,6 +35,11 @@ const ResourceTypeURL = "type.googleapis.com/istio.mcp.v1alpha1.Resource"
 // nonces are ignored (the first request for a type may carry one, and is a subscription
 // whatever its nonce).
 //
+// Streams are observed like the MCP services' (XDSOptions.Hooks): a StreamInfo with Role
+// "source", Transport "server" and Protocol "xds"; a push and its ACK or NACK (a request
+// with the response's nonce, with or without error_detail) reported by the type's
+// collection, or by the type URL for a type that resolves to none (istiod's MeshConfig).
+//
 // Like the MCP services, each response body is encoded once per snapshot version and type URL
 // and shared by every stream, the nonce appended by this package's codec: the gRPC server
 // must be built with ServerOptions.
@@ -52,8 +59,10 @@ type XDSOptions struct {
 	// MaxMessageSize is the largest response sent; a larger full state is not sent (logged,
 	// counted) until it changes. Default DefaultMaxMessageSize.
 	MaxMessageSize int
-	// Server admits streams (authentication, rate limit), logs and counts.
+	// Server admits streams (authentication, rate limit), logs and counts (Server.Metrics).
 	Server ServerConfig
+	// Hooks observe stream events as they do for the MCP services. Optional.
+	Hooks Hooks
 }
 
 // NewXDSServer returns an ADS server over w.
@@ -81,10 +90,19 @@ type xdsType struct {
 
 	sent          bool
 	sentVersion   uint64
+	sentAt        time.Time
 	pendingNonce  string
 	failed        bool
 	failedVersion uint64
 	resend        bool // the client asked again (empty nonce) with nothing outstanding
+}
+
+// key is what hooks report t by: its collection, or its type URL when it resolves to none.
+func (t *xdsType) key() string {
+	if t.collection == "" {
+		return t.typeURL
+	}
+	return t.collection
 }
 
 func (t *xdsType) version() uint64 {
@@ -102,17 +120,19 @@ func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDisco
 	if err != nil {
 		return err
 	}
-	info.Transport = "xds"
+	info.Protocol = "xds"
 	info.setCancel(cancel)
-	log := s.adm.cfg.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "source", logTransport, "xds")
+	log := s.adm.cfg.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "source", logTransport, info.Transport, "protocol", "xds")
 	m := s.adm.cfg.Metrics
 	m.streamOpened(info)
+	s.opts.Hooks.streamOpened(info)
 	types := map[string]*xdsType{}
 	defer func() {
 		for _, t := range types {
 			t.cancel()
 		}
 		m.streamClosed(info)
+		s.opts.Hooks.streamClosed(info, err)
 		log.Debug("xds stream closed", logError, err)
 	}()
 	wake := make(chan struct{}, 1)
@@ -165,7 +185,7 @@ func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDisco
 				continue
 			}
 			nonce++
-			if err := s.push(stream, log, t, strconv.FormatUint(nonce, 10)); err != nil {
+			if err := s.push(stream, info, log, t, strconv.FormatUint(nonce, 10)); err != nil {
 				return streamEnd(ctx, err, recvErr)
 			}
 		}
@@ -204,27 +224,41 @@ func (s *XDSServer) handle(info *StreamInfo, log *slog.Logger, types map[string]
 		m.ignored("stale_nonce")
 		log.Debug("ignoring a request with a stale nonce", "type_url", url, logNonce, req.GetResponseNonce())
 	case req.GetErrorDetail() != nil:
-		t.pendingNonce = ""
+		detail := req.GetErrorDetail()
+		ev := t.answered(detail)
 		t.failed, t.failedVersion = true, t.sentVersion
-		code := codes.Code(req.GetErrorDetail().GetCode())
-		m.sinkAckAs("source", t.collection, code)
+		m.sinkAckAs("source", t.collection, ev.Code)
+		s.opts.Hooks.acked(info, ev)
 		log.Warn("xds client rejected a response; not resending it until the collection changes",
-			"type_url", url, logVersion, t.sentVersion, "code", code.String(), "message", req.GetErrorDetail().GetMessage())
+			"type_url", url, logVersion, t.sentVersion, "code", ev.Code.String(), "message", ev.Message)
 	default:
-		t.pendingNonce = ""
+		ev := t.answered(nil)
 		t.failed = false
 		m.sinkAckAs("source", t.collection, codes.OK)
+		s.opts.Hooks.acked(info, ev)
 	}
+}
+
+// answered completes t's outstanding response with an ACK (detail nil) or a NACK and
+// returns the event hooks are told.
+func (t *xdsType) answered(detail *rpcstatus.Status) AckEvent {
+	ev := AckEvent{Collection: t.key(), TypeURL: t.typeURL, Nonce: t.pendingNonce, Version: t.sentVersion, Latency: time.Since(t.sentAt)}
+	if detail != nil {
+		ev.Code, ev.Message, ev.Detail = codes.Code(detail.GetCode()), detail.GetMessage(), detail
+	}
+	t.pendingNonce = ""
+	return ev
 }
 
 // push sends the full state of t: the snapshot's body for this type URL, encoded once and
 // shared by every stream, and this stream's nonce (see frame).
-func (s *XDSServer) push(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer, log *slog.Logger, t *xdsType, nonce string) error {
+func (s *XDSServer) push(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer, info *StreamInfo, log *slog.Logger, t *xdsType, nonce string) error {
 	var body []byte
 	var v uint64
+	resources := 0
 	if t.coll != nil {
 		snap := t.coll.Snapshot()
-		body, v = snap.xdsEncoded(t.typeURL), snap.Version
+		body, v, resources = snap.xdsEncoded(t.typeURL), snap.Version, len(snap.Entries)
 	} else {
 		body = encodeXDSBody(t.typeURL, 0, nil)
 	}
@@ -240,8 +274,9 @@ func (s *XDSServer) push(stream discoverypb.AggregatedDiscoveryService_StreamAgg
 	if err := stream.SendMsg(f); err != nil {
 		return err
 	}
-	t.pendingNonce = nonce
+	t.pendingNonce, t.sentAt = nonce, time.Now()
 	s.adm.cfg.Metrics.xdsPushed(t.collection, size)
+	s.opts.Hooks.pushed(info, PushEvent{Collection: t.key(), TypeURL: t.typeURL, Nonce: nonce, Version: v, Resources: resources, Bytes: size})
 	return nil
 }
 

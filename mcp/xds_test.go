@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sort"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -27,9 +29,16 @@ type xdsClient struct {
 	t      *testing.T
 	stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	resps  chan *discoverypb.DiscoveryResponse
+	cancel func() // ends the stream
 }
 
 func startXDS(t *testing.T, w Watcher, node *corepb.Node) (*xdsClient, *StreamInfo) {
+	t.Helper()
+	return startXDSHooked(t, w, node, Hooks{})
+}
+
+// startXDSHooked is startXDS with hooks on the server.
+func startXDSHooked(t *testing.T, w Watcher, node *corepb.Node, hooks Hooks) (*xdsClient, *StreamInfo) {
 	t.Helper()
 	var seen *StreamInfo
 	infos := make(chan *StreamInfo, 1)
@@ -46,6 +55,7 @@ func startXDS(t *testing.T, w Watcher, node *corepb.Node) (*xdsClient, *StreamIn
 			return k.Collection, ok
 		},
 		Server: ServerConfig{Logger: testLogger(t)},
+		Hooks:  hooks,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +77,7 @@ func startXDS(t *testing.T, w Watcher, node *corepb.Node) (*xdsClient, *StreamIn
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &xdsClient{t: t, stream: st, resps: make(chan *discoverypb.DiscoveryResponse, 100)}
+	c := &xdsClient{t: t, stream: st, resps: make(chan *discoverypb.DiscoveryResponse, 100), cancel: cancel}
 	recvDone := make(chan struct{})
 	go func() {
 		defer close(recvDone)
@@ -220,7 +230,8 @@ func FuzzXDSRequests(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		info := newStreamInfo("source", "xds", "fuzz", "")
+		info := newStreamInfo("source", "server", "fuzz", "")
+		info.Protocol = "xds"
 		types := map[string]*xdsType{}
 		defer func() {
 			for _, ty := range types {
@@ -293,5 +304,84 @@ func TestXDSEncodesEachResponseOnce(t *testing.T) {
 	}
 	if n := BodyEncodes() - b0; n != 1 {
 		t.Fatalf("%d response bodies encoded for one change to 5 streams, want 1", n)
+	}
+}
+
+// xdsEvents records an XDSServer's hook calls as lines, for a test to read in order.
+type xdsEvents chan string
+
+func (ev xdsEvents) hooks() Hooks {
+	return Hooks{
+		StreamOpened: func(i *StreamInfo) {
+			ev <- fmt.Sprintf("opened %d %s/%s/%s", i.ID, i.Role, i.Transport, i.Protocol)
+		},
+		StreamClosed: func(i *StreamInfo, _ error) { ev <- fmt.Sprintf("closed %d", i.ID) },
+		Pushed: func(_ *StreamInfo, e PushEvent) {
+			if e.Bytes <= 0 || e.Nonce == "" || e.Incremental || e.Removed != 0 {
+				ev <- fmt.Sprintf("bad push %+v", e)
+			}
+			ev <- fmt.Sprintf("pushed %s (%s) v%d nonce %s: %d resources", e.Collection, e.TypeURL, e.Version, e.Nonce, e.Resources)
+		},
+		Acked: func(_ *StreamInfo, e AckEvent) {
+			if (e.Code == codes.OK) != (e.Detail == nil) || e.Latency < 0 {
+				ev <- fmt.Sprintf("bad ack %+v", e)
+			}
+			ev <- fmt.Sprintf("acked %s (%s) v%d nonce %s: %s %s", e.Collection, e.TypeURL, e.Version, e.Nonce, e.Code, e.Message)
+		},
+	}
+}
+
+func (ev xdsEvents) next(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case got := <-ev:
+		if got != want {
+			t.Fatalf("hook event\n got %s\nwant %s", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no hook event; want %s", want)
+	}
+}
+
+// TestXDSFiresHooks: an xDS stream is observed as MCP streams are: opened (a source, served,
+// speaking xds), each response pushed by its collection (by its type URL when it resolves to
+// none) with version and resource count, each ACK and NACK (code, message, detail) of it, and
+// closed.
+func TestXDSFiresHooks(t *testing.T) {
+	vsColl, _ := kinds.ForTypeURL(vsTypeURL)
+	vs := vsColl.Collection
+	c := NewCache(vs)
+	v := c.Put(vs, entry(t, "ns/a", "1"), entry(t, "ns/b", "1"))
+	ev := make(xdsEvents, 100)
+	cl, info := startXDSHooked(t, c, &corepb.Node{Id: "istiod-1"}, ev.hooks())
+
+	ev.next(t, fmt.Sprintf("opened %d source/server/xds", info.ID))
+	r := cl.recv()
+	ev.next(t, fmt.Sprintf("pushed %s (%s) v%d nonce %s: 2 resources", vs, vsTypeURL, v, r.GetNonce()))
+	cl.send(&discoverypb.DiscoveryRequest{TypeUrl: vsTypeURL, ResponseNonce: "stale"}) // no event
+	cl.ack(r)
+	ev.next(t, fmt.Sprintf("acked %s (%s) v%d nonce %s: OK ", vs, vsTypeURL, v, r.GetNonce()))
+
+	// MeshConfig resolves to no collection: reported by its type URL.
+	const mc = "core/v1alpha1/MeshConfig"
+	cl.send(&discoverypb.DiscoveryRequest{TypeUrl: mc})
+	rmc := cl.recv()
+	ev.next(t, fmt.Sprintf("pushed %s (%s) v0 nonce %s: 0 resources", mc, mc, rmc.GetNonce()))
+	cl.ack(rmc)
+	ev.next(t, fmt.Sprintf("acked %s (%s) v0 nonce %s: OK ", mc, mc, rmc.GetNonce()))
+
+	// A NACK: its code and message.
+	v2 := c.Update(vs, []*Entry{entry(t, "ns/a", "2")}, []string{"ns/b"})
+	r2 := cl.recv()
+	ev.next(t, fmt.Sprintf("pushed %s (%s) v%d nonce %s: 1 resources", vs, vsTypeURL, v2, r2.GetNonce()))
+	cl.send(&discoverypb.DiscoveryRequest{TypeUrl: vsTypeURL, ResponseNonce: r2.GetNonce(), ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "bad ns/a"}})
+	ev.next(t, fmt.Sprintf("acked %s (%s) v%d nonce %s: InvalidArgument bad ns/a", vs, vsTypeURL, v2, r2.GetNonce()))
+
+	cl.cancel()
+	ev.next(t, fmt.Sprintf("closed %d", info.ID))
+	select {
+	case e := <-ev:
+		t.Errorf("unexpected hook event %s", e)
+	default:
 	}
 }
