@@ -40,7 +40,7 @@ func (h *Hub) Why(collection, name string) api.Why {
 			if !s.subset.Includes(collection, r.cluster, r.namespace, r.labels) {
 				continue
 			}
-			ws := api.WhySink{Stream: s.Stream, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
+			ws := api.WhySink{Stream: s.Stream, Protocol: s.Protocol, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
 			if c := s.Collections[collection]; c != nil && !c.Pending {
 				ws.UpToDate = c.AckedVersion == c.PushedVersion && c.AckedVersion > 0
 				if c.LastNACK != "" && c.NACKedVersion == c.PushedVersion {
@@ -79,8 +79,8 @@ func (h *Hub) Clusters() []api.ClusterStatus {
 	return out
 }
 
-// Sinks returns the connected MCP sinks (dialed in or dialed out) with their rules and
-// per-collection push and ACK state.
+// Sinks returns the connected sinks (MCP dialed in or dialed out, MCP over xDS) with their
+// rules and per-collection (over xDS, per-type) push and ACK state.
 func (h *Hub) Sinks() []api.SinkStatus {
 	listed := h.sinks.list(h.current().comp)
 	out := make([]api.SinkStatus, len(listed))

@@ -268,7 +268,7 @@ func (h *Hub) Run(ctx context.Context) error {
 func (h *Hub) serveServer(opts []grpc.ServerOption, sc mcp.ServerConfig) (*grpc.Server, error) {
 	srv := grpc.NewServer(opts...)
 	mcp.NewSourceServer(h.source, sc).Register(srv)
-	xds, err := mcp.NewXDSServer(router{h}, mcp.XDSOptions{Resolve: h.resolveTypeURL, MaxMessageSize: h.cfg.MaxMessageSize, Server: sc})
+	xds, err := mcp.NewXDSServer(router{h}, mcp.XDSOptions{Resolve: h.resolveTypeURL, MaxMessageSize: h.cfg.MaxMessageSize, Server: sc, Hooks: h.sinks.hooks()})
 	if err != nil {
 		return nil, err
 	}

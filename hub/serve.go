@@ -212,7 +212,8 @@ func (r *watchRegistry) rerouted(comp *compiled) int {
 	return len(stale)
 }
 
-// sinkRegistry follows the hub's MCP sink streams through the engine's hooks. The hooks run
+// sinkRegistry follows the hub's sink streams, MCP and MCP over xDS (the source, the dial-out
+// and the xDS server share its hooks), through the engine's hooks. The hooks run
 // on every push and ACK of every stream: a lock-free map from stream to its entry, and a
 // lock per entry, keep them from contending with each other.
 type sinkRegistry struct {
@@ -229,13 +230,16 @@ type sinkEntry struct {
 func (r *sinkRegistry) hooks() mcp.Hooks {
 	return mcp.Hooks{
 		StreamOpened: func(i *mcp.StreamInfo) {
-			r.sinks.Store(i, &sinkEntry{info: i, st: api.SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Identity: i.Identity,
+			r.sinks.Store(i, &sinkEntry{info: i, st: api.SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Protocol: i.Protocol, Identity: i.Identity,
 				Since: r.now(), Collections: map[string]*api.SinkCollection{}}})
 		},
 		StreamClosed: func(i *mcp.StreamInfo, _ error) { r.sinks.Delete(i) },
 		Pushed: func(i *mcp.StreamInfo, e mcp.PushEvent) {
 			r.update(i, e.Collection, func(c *api.SinkCollection) {
 				c.PushedVersion, c.Pending, c.LastPush = e.Version, true, time.Now()
+				if e.TypeURL != "" {
+					c.TypeURL = e.TypeURL
+				}
 				if !e.Incremental {
 					c.Resources = e.Resources
 				}
@@ -276,7 +280,9 @@ type listedSink struct {
 	subset *routing.Subset
 }
 
-// list returns the connected sinks, by stream, with their subsets under comp.
+// list returns the connected sinks, by stream, with their subsets under comp: who each is
+// is asked as the serving router asks (streamSink), so an unauthenticated stream is routed
+// here as it is served.
 func (r *sinkRegistry) list(comp *compiled) []listedSink {
 	var out []listedSink
 	r.sinks.Range(func(_, v any) bool {
@@ -291,7 +297,7 @@ func (r *sinkRegistry) list(comp *compiled) []listedSink {
 		e.mu.Unlock()
 		n := e.info.Node()
 		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
-		sub := comp.subset(cp.Identity, cp.NodeID, cp.Annotations)
+		sub := comp.routes.Select(comp.streamSink(e.info)) // as the serving router asks
 		cp.Rules = sub.Rules()
 		out = append(out, listedSink{cp, sub})
 		return true

@@ -201,14 +201,18 @@ func (c *client) status(ctx context.Context) error {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "SINK\tIDENTITY\tNODE\tRULES\tCOLLECTIONS (acked/pushed)\tNACKS")
+	fmt.Fprintln(w, "SINK\tPROTOCOL\tIDENTITY\tNODE\tRULES\tCOLLECTIONS (acked/pushed)\tNACKS")
 	for _, s := range sinks {
 		var colls []string
 		nacks := 0
 		for name, st := range s.Collections {
+			// name is a collection, or (over xDS) a type URL that resolves to none.
 			state := fmt.Sprintf("%d/%d", st.AckedVersion, st.PushedVersion)
-			if st.Pending {
+			switch {
+			case st.Pending:
 				state += " pending"
+			case st.LastNACK != "" && st.NACKedVersion == st.PushedVersion:
+				state += " NACK"
 			}
 			colls = append(colls, short(name)+" "+state)
 			if st.LastNACK != "" {
@@ -216,7 +220,7 @@ func (c *client) status(ctx context.Context) error {
 			}
 		}
 		sort.Strings(colls)
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\n", s.Stream, dash(s.Identity), dash(s.NodeID), dash(strings.Join(s.Rules, ",")), strings.Join(colls, "; "), nacks)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Stream, protocol(s), dash(s.Identity), dash(s.NodeID), dash(strings.Join(s.Rules, ",")), strings.Join(colls, "; "), nacks)
 	}
 	return w.Flush()
 }
@@ -254,7 +258,11 @@ func (c *client) why(ctx context.Context, collection, name string) error {
 			case !s.UpToDate:
 				state = "not yet acknowledged"
 			}
-			fmt.Fprintf(c.out, "  sink %d (%s, node %s, rules %s): %s\n", s.Stream, dash(s.Identity), dash(s.NodeID), strings.Join(s.Rules, ","), state)
+			over := ""
+			if s.Protocol != "" {
+				over = " over " + s.Protocol
+			}
+			fmt.Fprintf(c.out, "  sink %d%s (%s, node %s, rules %s): %s\n", s.Stream, over, dash(s.Identity), dash(s.NodeID), strings.Join(s.Rules, ","), state)
 		}
 	}
 	return nil
@@ -305,6 +313,15 @@ func count(m map[string]map[string]string) int {
 		n += len(v)
 	}
 	return n
+}
+
+// protocol is a sink's protocol (mcp, xds) and, when the hub dialed it, "dial-out".
+func protocol(s api.SinkStatus) string {
+	p := dash(s.Protocol)
+	if s.Transport == "client" {
+		p += " dial-out"
+	}
+	return p
 }
 
 func short(collection string) string { return collection[strings.LastIndex(collection, "/")+1:] }

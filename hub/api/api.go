@@ -55,25 +55,34 @@ type Holder struct {
 	Epoch   uint64 `json:"epoch"`
 }
 
-// SinkStatus is one connected MCP sink.
+// SinkStatus is one connected sink: an MCP stream, or an MCP-over-xDS one (istiod's
+// xds:// config source, directly or behind a relay).
 type SinkStatus struct {
 	Stream uint64 `json:"stream"`
 	Peer   string `json:"peer"`
 	// Transport is "server" (it dialed in) or "client" (the hub dialed it).
 	Transport string `json:"transport"`
-	Identity  string `json:"identity"`
-	// NodeID and Annotations are what its SinkNode says.
+	// Protocol is "mcp" (MCP ResourceSource, or the hub's dial-out) or "xds" (MCP over xDS).
+	Protocol string `json:"protocol"`
+	Identity string `json:"identity"`
+	// NodeID and Annotations are what its SinkNode says; over xDS, its envoy node's id and
+	// the string fields of its metadata (istiod: GENERATOR, ISTIO_VERSION, ...).
 	NodeID      string            `json:"nodeId"`
 	Annotations map[string]string `json:"annotations,omitempty"`
 	// Rules are the routing rules that select it (its identity, and the node id its
 	// certificate names when the hub has a trust domain).
-	Rules       []string                   `json:"rules"`
-	Since       time.Time                  `json:"since"`
+	Rules []string  `json:"rules"`
+	Since time.Time `json:"since"`
+	// Collections are by collection; over xDS, a type URL that resolves to no served
+	// collection (istiod's core/v1alpha1/MeshConfig) is listed by its type URL, answered
+	// with an empty state.
 	Collections map[string]*SinkCollection `json:"collections"`
 }
 
 // SinkCollection is a sink's state for one collection.
 type SinkCollection struct {
+	// TypeURL is the xDS type URL the sink subscribed with (MCP over xDS only).
+	TypeURL string `json:"typeUrl,omitempty"`
 	// PushedVersion is the view's version last pushed, AckedVersion the last one it ACKed.
 	PushedVersion uint64 `json:"pushedVersion"`
 	AckedVersion  uint64 `json:"ackedVersion"`
@@ -131,7 +140,9 @@ type Refused struct {
 
 // WhySink is a connected sink whose rules give it the resource.
 type WhySink struct {
-	Stream   uint64   `json:"stream"`
+	Stream uint64 `json:"stream"`
+	// Protocol is "mcp" or "xds", as in SinkStatus.
+	Protocol string   `json:"protocol"`
 	Identity string   `json:"identity"`
 	NodeID   string   `json:"nodeId"`
 	Rules    []string `json:"rules"`
