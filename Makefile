@@ -17,7 +17,7 @@ build: ## compile every package and command
 demo: ## a hub (development CA), two minions and a sink on 127.0.0.1; Ctrl-C stops it
 	./hack/demo.sh
 
-testbins: ## build (or find cached) kube-apiserver, etcd and Istio's MCP peer in .cache/bin
+testbins: ## build (or find cached) kube-apiserver, etcd, Istio's MCP peer and istiod (pilot-discovery) in .cache/bin
 	$(GO) run ./internal/testkit/testbin/build
 
 test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiserver, Istio interop (the CI command)

@@ -1,5 +1,5 @@
 // Package testbin builds the real third-party programs the integration tiers run —
-// kube-apiserver, etcd and Istio's own MCP peer — from their pinned, separate Go modules
+// kube-apiserver, etcd, Istio's own MCP peer and istiod — from their pinned, separate Go modules
 // under test/, and caches the binaries in .cache/bin at the repository root.
 //
 // A binary is rebuilt only when its stamp (a hash of the module's go.mod, go.sum and the
@@ -40,9 +40,10 @@ type Binary struct {
 
 // Binaries are the programs the integration tiers run.
 var Binaries = map[string]Binary{
-	"kube-apiserver": {Name: "kube-apiserver", Module: "test/kube", Package: "k8s.io/kubernetes/cmd/kube-apiserver"},
-	"etcd":           {Name: "etcd", Module: "test/kube", Package: "./etcd", Local: "etcd"},
-	"istio-mcp-peer": {Name: "istio-mcp-peer", Module: "test/istio", Package: "./cmd/istio-mcp-peer", Local: "cmd/istio-mcp-peer"},
+	"kube-apiserver":  {Name: "kube-apiserver", Module: "test/kube", Package: "k8s.io/kubernetes/cmd/kube-apiserver"},
+	"etcd":            {Name: "etcd", Module: "test/kube", Package: "./etcd", Local: "etcd"},
+	"istio-mcp-peer":  {Name: "istio-mcp-peer", Module: "test/istio", Package: "./cmd/istio-mcp-peer", Local: "cmd/istio-mcp-peer"},
+	"pilot-discovery": {Name: "pilot-discovery", Module: "test/istiod/pilot", Package: "istio.io/istio/pilot/cmd/pilot-discovery"},
 }
 
 // RepoRoot returns the repository root: the nearest directory above the working directory
