@@ -205,6 +205,8 @@ func (h *Hub) Run(ctx context.Context) error {
 	}
 	ingest := grpc.NewServer(serverOpts(h.creds)...)
 	mcp.NewSinkServer(h.newMinionSink, h.serverConfig(h.authenticateCluster)).Register(ingest)
+	relays := &ingestSource{h: h, relay: mcp.NewSourceServer(h.source, h.serverConfig(h.authenticateRelay))}
+	mcppb.RegisterResourceSourceServer(ingest, relays)
 	healthpb.RegisterHealthServer(ingest, h.health)
 	serve, err := h.serveServer(serverOpts(h.creds), h.serverConfig(h.authenticateSink))
 	if err != nil {
@@ -240,7 +242,8 @@ func (h *Hub) Run(ctx context.Context) error {
 		listeners[l.srv] = lis
 	}
 	admin := h.httpHandler()
-	if err := h.layer.Start(ctx, g, Listeners{Ingest: ingest, IngestAddr: h.ingestAddr, Admin: admin}); err != nil {
+	peers := func(srv *mcp.SourceServer, accept func(string) bool) { relays.peers.Store(&layerPeers{srv: srv, accept: accept}) }
+	if err := h.layer.Start(ctx, g, Listeners{Ingest: ingest, IngestAddr: h.ingestAddr, PeerSource: peers, Admin: admin}); err != nil {
 		closeAll()
 		return errors.Join(err, h.stop(g))
 	}

@@ -18,7 +18,7 @@ import (
 // goroutines and must be quick; StateChanged is called with the store's lock held.
 type Layer interface {
 	// Start is called by Run once the listeners are bound and before any stream is served:
-	// the layer may register services on the ingest listener and routes on the admin API,
+	// the layer may serve its peers on the ingest listener and add routes to the admin API,
 	// and runs its goroutines in g until ctx ends.
 	Start(ctx context.Context, g *errgroup.Group, l Listeners) error
 
@@ -47,9 +47,13 @@ type Layer interface {
 
 // Listeners are what Layer.Start may extend.
 type Listeners struct {
-	// Ingest is the ingest listener's server and IngestAddr its bound address.
+	// Ingest is the ingest listener's server and IngestAddr its bound address. Its
+	// ResourceSink and ResourceSource are the core's.
 	Ingest     *grpc.Server
 	IngestAddr string
+	// PeerSource gives the ingest listener's ResourceSource streams of the peers accept
+	// takes (by identity) to srv; every other stream there is a minion's relay.
+	PeerSource func(srv *mcp.SourceServer, accept func(identity string) bool)
 	// Admin is the admin API's mux (served only when the configuration has an http
 	// address).
 	Admin *http.ServeMux

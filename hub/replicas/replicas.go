@@ -158,8 +158,8 @@ func (l *Layer) Start(ctx context.Context, g *errgroup.Group, ls hub.Listeners) 
 
 	// Peers follow the clusters this replica holds on the ingest listener; a replica opens
 	// one stream per cluster at once, so the per-peer limit is far higher than a sink's.
-	mcp.NewSourceServer(l.peerSrc, mcp.ServerConfig{Authenticate: l.authenticatePeer, Logger: l.log, Metrics: l.h.MCPMetrics(),
-		StreamRate: 1000, StreamBurst: 10000}).Register(ls.Ingest)
+	ls.PeerSource(mcp.NewSourceServer(l.peerSrc, mcp.ServerConfig{Authenticate: l.authenticatePeer, Logger: l.log, Metrics: l.h.MCPMetrics(),
+		StreamRate: 1000, StreamBurst: 10000}), l.isReplica)
 	ls.Admin.HandleFunc("/api/replicas", func(w http.ResponseWriter, _ *http.Request) { hub.WriteJSON(w, l.Status()) })
 	g.Go(func() error { l.followPeers(ctx); return nil })
 	g.Go(func() error {

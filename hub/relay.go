@@ -1,0 +1,52 @@
+package hub
+
+import (
+	"context"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+)
+
+// Relays: a minion subscribes, over the connection it already has to the ingest listener
+// and with the same identity, to what routing gives its cluster (rules select it by its
+// cluster identity), and re-serves it inside its cluster to that cluster's istiod. The
+// ingest listener's ResourceSource is shared with a Layer's peers (hub replicas follow one
+// another there): a stream goes to the layer's server when the layer accepts its peer's
+// identity, and is a relay otherwise.
+
+// layerPeers is a Layer's ResourceSource on the ingest listener and the identities it
+// takes.
+type layerPeers struct {
+	srv    *mcp.SourceServer
+	accept func(identity string) bool
+}
+
+// ingestSource is the ingest listener's ResourceSource.
+type ingestSource struct {
+	mcppb.UnimplementedResourceSourceServer
+	h     *Hub
+	relay *mcp.SourceServer
+	peers atomic.Pointer[layerPeers]
+}
+
+// EstablishResourceStream implements mcppb.ResourceSourceServer.
+func (s *ingestSource) EstablishResourceStream(stream grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
+	if p := s.peers.Load(); p != nil {
+		if id, err := PeerIdentity(stream.Context(), s.h.cfg.Insecure); err == nil && p.accept(id) {
+			return p.srv.EstablishResourceStream(stream)
+		}
+	}
+	return s.relay.EstablishResourceStream(stream)
+}
+
+// authenticateRelay admits a minion's relay stream once the hub is ready (before, a relay
+// keeps serving what it last had): only the identity of a configured cluster.
+func (h *Hub) authenticateRelay(ctx context.Context) (string, error) {
+	if err := h.authenticateReady(); err != nil {
+		return "", err
+	}
+	return h.authenticateCluster(ctx)
+}
