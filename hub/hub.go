@@ -242,7 +242,9 @@ func (h *Hub) Run(ctx context.Context) error {
 		listeners[l.srv] = lis
 	}
 	admin := h.httpHandler()
-	peers := func(srv *mcp.SourceServer, accept func(string) bool) { relays.peers.Store(&layerPeers{srv: srv, accept: accept}) }
+	peers := func(srv *mcp.SourceServer, accept func(string) bool) {
+		relays.peers.Store(&layerPeers{srv: srv, accept: accept})
+	}
 	if err := h.layer.Start(ctx, g, Listeners{Ingest: ingest, IngestAddr: h.ingestAddr, PeerSource: peers, Admin: admin}); err != nil {
 		closeAll()
 		return errors.Join(err, h.stop(g))
