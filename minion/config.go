@@ -37,6 +37,9 @@ type Config struct {
 	// Destinations say where to publish. At least one push destination or a listen
 	// address is required.
 	Destinations DestinationsConfig `json:"destinations"`
+	// Relay, if set, re-serves in this cluster what the hub's routing gives it (over the
+	// connection to destinations.push[0]), for the cluster's istiod.
+	Relay *RelayConfig `json:"relay,omitempty"`
 	// HTTP is the address of /healthz, /readyz, /metrics, /status and /debug/pprof.
 	// Empty disables it.
 	HTTP string `json:"http,omitempty"`
@@ -203,6 +206,26 @@ func (c *Config) Validate() error {
 	if len(c.Destinations.Push) == 0 && c.Destinations.Listen == "" {
 		return errors.New("destinations: set push, listen, or both")
 	}
+	if r := c.Relay; r != nil {
+		if len(c.Destinations.Push) == 0 {
+			return errors.New("relay: needs destinations.push (it subscribes over the connection to the first)")
+		}
+		if _, _, err := net.SplitHostPort(r.Listen); err != nil {
+			return fmt.Errorf("relay.listen: %v", err)
+		}
+		if r.TLS != nil {
+			if err := r.TLS.Validate(); err != nil {
+				return fmt.Errorf("relay.tls: %w", err)
+			}
+		}
+		table, err := c.kindTable()
+		if err != nil {
+			return err
+		}
+		if err := table.CheckCanonical("relay.collections", r.Collections); err != nil {
+			return err
+		}
+	}
 	for i, p := range c.Destinations.Push {
 		if _, err := parsePushURL(p); err != nil {
 			return fmt.Errorf("destinations.push[%d]: %w", i, err)
@@ -240,6 +263,9 @@ func (c *Config) Validate() error {
 	return c.Destinations.Backoff.Check("destinations.backoff")
 }
 
+// kindTable is the table of the built-in and configured kinds.
+func (c *Config) kindTable() (*kinds.Table, error) { return kinds.NewTable(c.Kinds) }
+
 // canonicalCollections resolves the collections a file names (collections and each
 // source's), typed as users do, to
 // collection names through the table of the built-in and configured kinds, so that
@@ -260,6 +286,11 @@ func (c *Config) canonicalCollections() error {
 			if s.Collections, err = table.ResolveAll(fmt.Sprintf("sources[%d].collections", i), s.Collections); err != nil {
 				return err
 			}
+		}
+	}
+	if c.Relay != nil && len(c.Relay.Collections) > 0 {
+		if c.Relay.Collections, err = table.ResolveAll("relay.collections", c.Relay.Collections); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -39,3 +39,26 @@ func TestSourceCollectionsAndFullState(t *testing.T) {
 		}
 	}
 }
+
+// The relay: its collections typed as anywhere, and what it needs named when missing.
+func TestRelayConfig(t *testing.T) {
+	const base = "sources: [{url: 'fs:///x'}]\ninsecure: true\n"
+	cfg, err := ParseConfig([]byte(base + "destinations: {push: ['push://h:1']}\nrelay: {listen: '127.0.0.1:15010', collections: [vs]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Relay.Collections; !reflect.DeepEqual(got, []string{"istio/networking/v1alpha3/virtualservices"}) {
+		t.Errorf("relay.collections = %v", got)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{"destinations: {listen: '127.0.0.1:1'}\nrelay: {listen: '127.0.0.1:15010'}", "relay: needs destinations.push"},
+		{"destinations: {push: ['push://h:1']}\nrelay: {listen: nowhere}", "relay.listen:"},
+		{"destinations: {push: ['push://h:1']}\nrelay: {listen: ':1', tls: {certFile: c}}", "relay.tls: keyFile is required"},
+		{"destinations: {push: ['push://h:1']}\nrelay: {listen: ':1', collections: [vss]}", `relay.collections[0]: unknown collection "vss"`},
+	} {
+		_, err := ParseConfig([]byte(base + tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s:\n  err = %v, want it to mention %q", tc.yaml, err, tc.want)
+		}
+	}
+}

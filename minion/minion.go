@@ -48,6 +48,7 @@ type Minion struct {
 	src     *mcp.Source
 	sources []source
 	kube    []*KubeSource
+	relay   *Relay // nil without relay
 	// clientCreds and serverCreds secure the dialed streams and the listener.
 	clientCreds credentials.TransportCredentials
 	serverCreds credentials.TransportCredentials
@@ -152,6 +153,15 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 			m.sources = append(m.sources, us)
 		}
 	}
+	if cfg.Relay != nil {
+		table, err := cfg.kindTable()
+		if err != nil {
+			return nil, err
+		}
+		if m.relay, err = newRelay(*cfg.Relay, cfg.Cluster, table, m.log, m.mcpMetrics); err != nil {
+			return nil, err
+		}
+	}
 	m.src, err = mcp.NewSource(mcp.SourceOptions{
 		Watcher:        m.cache,
 		MaxMessageSize: cfg.MaxMessageSize,
@@ -164,6 +174,9 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 	}
 	return m, nil
 }
+
+// Relay returns the relay, or nil without one.
+func (m *Minion) Relay() *Relay { return m.relay }
 
 // Cache returns the published cache (for tests and status).
 func (m *Minion) Cache() *mcp.Cache { return m.cache }
@@ -275,6 +288,10 @@ func (m *Minion) Run(ctx context.Context) error {
 	for _, s := range m.sources {
 		g.Go(func() error { return s.Run(ctx) })
 	}
+	if m.relay != nil {
+		defer m.relay.close()
+		g.Go(func() error { return m.relay.serve(ctx) })
+	}
 	g.Go(func() error {
 		if !m.waitSynced(ctx) {
 			return nil
@@ -331,8 +348,12 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		g.Go(func() error { return srv.Serve(lis) })
 		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
-	for _, p := range m.cfg.Destinations.Push {
+	for i, p := range m.cfg.Destinations.Push {
 		addrs, _ := parsePushURL(p)
+		relay := m.relay
+		if i > 0 {
+			relay = nil // the relay follows the first hub only
+		}
 		if !m.tlsOn {
 			m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
 		}
@@ -343,7 +364,17 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 					// Tell a hub in insecure mode who we claim to be.
 					ctx = metadata.AppendToOutgoingContext(ctx, mcp.DevIdentityHeader, m.cfg.Cluster)
 				}
-				return m.src.PushTo(ctx, conn)
+				if relay == nil {
+					return m.src.PushTo(ctx, conn)
+				}
+				// The relay's stream rides on the push stream's connection, for as long as it lasts.
+				ctx, cancel := context.WithCancel(ctx)
+				done := make(chan struct{})
+				go func() { defer close(done); relay.follow(ctx, conn, m.cfg.Destinations.Backoff) }()
+				err := m.src.PushTo(ctx, conn)
+				cancel()
+				<-done
+				return err
 			})
 			return nil
 		})

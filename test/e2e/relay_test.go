@@ -2,17 +2,23 @@ package e2e
 
 import (
 	"context"
+	"maps"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // A minion's relay subscribes on the ingest listener it already pushes to, with its
@@ -49,5 +55,86 @@ func TestRelaySubscribesOnIngest(t *testing.T) {
 	err = openStream(t, ingest, p.creds(t, "sink-x", hub.SinkIdentity(td, "x")), true)
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "not a cluster identity") {
 		t.Errorf("a sink subscribing on ingest: %v, want PermissionDenied naming the identity kind", err)
+	}
+}
+
+// The minion's relay re-serves in its cluster what routing gives the cluster: istiod (a
+// stand-in sink here; test/istiod runs the real one) follows it over plaintext inside the
+// cluster. It keeps serving the last state while the hub is down and, from its state file,
+// after a restart of the minion while the hub is still down; a relay that never had a state
+// serves nothing rather than an empty one.
+func TestMinionRelay(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.Routing = routing.Config{Rules: []routing.Rule{
+		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east", "west"}},
+	}}
+	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	h, err := hub.New(cfg, logger(t).With("side", "hub"), hub.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopHub := testrun.Start(t, "hub Run", h.Run)
+	waitFor(t, 10*time.Second, "hub listening", func() bool { i, _, _ := h.Addrs(); return i != "" })
+	ingest, _, _ := h.Addrs()
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "west", west, ingest)
+
+	state := filepath.Join(t.TempDir(), "relay.db")
+	eastCfg := func() *minion.Config {
+		c, k, _ := p.ca.Issue(t, p.dir, "minion-east", hub.ClusterIdentity(td, "east"))
+		mc := minionConfig("east", "fs://"+east, ingest)
+		mc.TLS, mc.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: c, Key: k, CA: p.bundle}}, false
+		mc.Relay = &minion.RelayConfig{Listen: "127.0.0.1:0", StateFile: state, Collections: []string{vs, dr}}
+		return mc
+	}
+	m, stopEast := startMinion(t, eastCfg())
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	waitFor(t, 10*time.Second, "the relay listening and whole", func() bool { return m.Relay().Ready() && m.Relay().Addr() != "" })
+
+	follow := func(addr string) *mcp.Sink {
+		sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Node: &mcppb.SinkNode{Id: "istiod"}, FullStateOnly: true,
+			Applier: mcp.ApplierFunc(func(context.Context, *mcp.Change) error { return nil }), Logger: logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pullOnce(t, addr, insecure.NewCredentials(), sink)
+		return sink
+	}
+	both := func(s *mcp.Sink) func() bool {
+		return func() bool { v := s.Versions(vs); return len(v) == 2 && v["shop/cart"] != "" && v["pay/api"] != "" }
+	}
+	istiod := follow(m.Relay().Addr())
+	waitFor(t, 10*time.Second, "istiod holding east's and west's VirtualServices through the relay", both(istiod))
+	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com", "api2.pay.example.com"))
+	before := istiod.Versions(vs)["pay/api"]
+	waitFor(t, 10*time.Second, "west's update relayed", func() bool { return istiod.Versions(vs)["pay/api"] != before })
+
+	// The hub goes away: the relay keeps serving what it had, to a new subscriber too.
+	stopHub()
+	held := istiod.Versions(vs)
+	waitFor(t, 10*time.Second, "a new istiod served while the hub is down", both(follow(m.Relay().Addr())))
+	if got := istiod.Versions(vs); !maps.Equal(got, held) {
+		t.Errorf("istiod's state changed while the hub was down: %v -> %v", held, got)
+	}
+
+	// The minion restarts while the hub is still down: its relay serves the kept state.
+	stopEast()
+	m2, _ := startMinion(t, eastCfg())
+	waitFor(t, 10*time.Second, "the restarted relay listening", func() bool { return m2.Relay().Addr() != "" })
+	if !m2.Relay().Ready() {
+		t.Fatal("the restarted relay does not serve its kept state")
+	}
+	waitFor(t, 10*time.Second, "istiod served by the restarted relay", both(follow(m2.Relay().Addr())))
+
+	// A relay that never had a whole state answers nothing rather than an empty state.
+	fresh := eastCfg()
+	fresh.Relay.StateFile = filepath.Join(t.TempDir(), "new.db")
+	m3, _ := startMinion(t, fresh)
+	waitFor(t, 10*time.Second, "the fresh relay listening", func() bool { return m3.Relay().Addr() != "" })
+	if err := openStream(t, m3.Relay().Addr(), insecure.NewCredentials(), true); status.Code(err) != codes.Unavailable {
+		t.Errorf("a relay without a state: %v, want Unavailable", err)
 	}
 }

@@ -1,0 +1,345 @@
+package minion
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	meshtls "github.com/meshfed/meshfed/tls"
+)
+
+// The relay: the minion subscribes, over its connection to the hub's ingest listener and
+// with its cluster's identity, to what the hub's routing gives its cluster, and re-serves it
+// inside the cluster to that cluster's istiod, over MCP-over-xDS (what istiod speaks) and
+// MCP ResourceSource. istiod exits at start when its config source is unreachable, so the
+// relay keeps the last state it received in a file and serves it while the hub is
+// unreachable and after its own restart, until the hub answers. It serves nothing before it
+// has a whole state (from the file or the hub): an empty answer would make istiod delete
+// what its proxies run.
+
+// RelayConfig enables the relay.
+type RelayConfig struct {
+	// Listen is where the cluster's istiod connects (meshConfig.configSources:
+	// xds://ADDR). Required.
+	Listen string `json:"listen"`
+	// TLS, if set, serves with this certificate and asks for no client certificate, for
+	// istiod's tlsSettings mode SIMPLE (caCertificates: the bundle that signed it).
+	// Without it the listener is plaintext: for a pod-local or cluster-internal address.
+	TLS *meshtls.Files `json:"tls,omitempty"`
+	// StateFile keeps the last state received from the hub (a bbolt file). Without it, a
+	// restarted relay serves nothing until the hub answers.
+	StateFile string `json:"stateFile,omitempty"`
+	// Collections relayed, typed as anywhere. Default: every kind of the minion's table
+	// (what istiod asks for).
+	Collections []string `json:"collections,omitempty"`
+}
+
+// relayStateOpenTimeout bounds the wait for the state file's lock (another minion holding it).
+const relayStateOpenTimeout = 5 * time.Second
+
+// Relay is a running relay.
+type Relay struct {
+	cfg   RelayConfig
+	log   *slog.Logger
+	table *kinds.Table
+	cache *mcp.Cache
+	sink  *mcp.Sink
+	db    *bolt.DB // nil without a state file
+	creds credentials.TransportCredentials
+	ready atomic.Bool // it has a whole state to serve
+	addr  atomic.Pointer[string]
+	mm    *mcp.Metrics
+
+	mu  sync.Mutex      // guards got
+	got map[string]bool // collections received whole from the hub
+}
+
+// newRelay opens the relay's state (serving it at once if it is whole) and its sink.
+func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Logger, mm *mcp.Metrics) (*Relay, error) {
+	colls := cfg.Collections
+	if len(colls) == 0 {
+		colls = table.Collections()
+	}
+	r := &Relay{cfg: cfg, log: log.With("component", "relay"), table: table, cache: mcp.NewCache(colls...), mm: mm, got: map[string]bool{}}
+	if cfg.TLS != nil {
+		ts, err := meshtls.NewSource(*cfg.TLS, r.log)
+		if err != nil {
+			return nil, fmt.Errorf("relay.tls: %w", err)
+		}
+		r.creds = credentials.NewTLS(ts.ServerOnlyConfig())
+	}
+	if cfg.StateFile != "" {
+		db, err := bolt.Open(cfg.StateFile, 0o600, &bolt.Options{Timeout: relayStateOpenTimeout})
+		if err != nil {
+			return nil, fmt.Errorf("relay.stateFile: %w", err)
+		}
+		r.db = db
+		whole, n, err := r.load(colls)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("relay.stateFile %s: %w", cfg.StateFile, err)
+		}
+		if whole {
+			r.ready.Store(true)
+			r.log.Info("serving the last state received from the hub until it answers", "file", cfg.StateFile, "resources", n)
+		}
+	}
+	var err error
+	r.sink, err = mcp.NewSink(mcp.SinkOptions{
+		Collections:     colls,
+		Node:            &mcppb.SinkNode{Id: cluster}, // the name in its certificate, which the hub routes by
+		Applier:         mcp.ApplierFunc(r.apply),
+		InitialVersions: r.versions,
+		Logger:          r.log,
+		Metrics:         mm,
+	})
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Relay) close() {
+	if r.db != nil {
+		_ = r.db.Close()
+	}
+}
+
+// Ready reports whether the relay serves: it has a whole state, from its file or the hub.
+func (r *Relay) Ready() bool { return r.ready.Load() }
+
+// Addr is the relay listener's bound address ("" until it listens).
+func (r *Relay) Addr() string {
+	if p := r.addr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Cache is what the relay serves.
+func (r *Relay) Cache() *mcp.Cache { return r.cache }
+
+// versions are what the relay holds of a collection, declared to the hub on a new stream.
+func (r *Relay) versions(collection string) map[string]string {
+	out := map[string]string{}
+	for _, e := range r.cache.Entries(collection) {
+		out[e.Name] = e.Version
+	}
+	return out
+}
+
+// apply keeps a push from the hub: in the file first (so what is served is never newer than
+// what a restart would serve), then served.
+func (r *Relay) apply(_ context.Context, c *mcp.Change) error {
+	if err := r.persist(c); err != nil {
+		r.log.Error("cannot keep the relayed state; serving it anyway", "collection", c.Collection, "err", err)
+	}
+	if c.Incremental {
+		r.cache.Update(c.Collection, c.Entries, c.Removed)
+	} else {
+		r.cache.Replace(c.Collection, c.Entries)
+	}
+	if !r.ready.Load() && !c.More && r.delivered(c.Collection) {
+		r.markWhole()
+	}
+	return nil
+}
+
+// delivered records that collection arrived whole and reports whether every collection has.
+func (r *Relay) delivered(collection string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got[collection] = true
+	for _, c := range r.sink.Collections() {
+		if !r.got[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// markWhole records that every collection has been received whole: from now on the relay
+// serves, and so would a restart before the hub answers.
+func (r *Relay) markWhole() {
+	if r.db != nil {
+		if err := r.db.Update(func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists(metaBucket)
+			if err != nil {
+				return err
+			}
+			return b.Put(wholeKey, []byte("1"))
+		}); err != nil {
+			r.log.Error("cannot mark the relayed state whole", "err", err)
+		}
+	}
+	r.ready.Store(true)
+	r.log.Info("relaying the hub's state for this cluster")
+}
+
+var (
+	metaBucket = []byte("meta")
+	wholeKey   = []byte("whole")
+)
+
+func collectionBucket(c string) []byte { return []byte("collection/" + c) }
+
+func (r *Relay) persist(c *mcp.Change) error {
+	if r.db == nil {
+		return nil
+	}
+	return r.db.Update(func(tx *bolt.Tx) error {
+		name := collectionBucket(c.Collection)
+		if !c.Incremental {
+			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+		}
+		b, err := tx.CreateBucketIfNotExists(name)
+		if err != nil {
+			return err
+		}
+		for _, e := range c.Entries {
+			if err := b.Put([]byte(e.Name), e.Encoded); err != nil {
+				return err
+			}
+		}
+		for _, n := range c.Removed {
+			if err := b.Delete([]byte(n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// load serves what the file holds of colls; whole reports whether it was marked whole.
+func (r *Relay) load(colls []string) (whole bool, n int, err error) {
+	err = r.db.View(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(metaBucket); m != nil && string(m.Get(wholeKey)) == "1" {
+			whole = true
+		}
+		for _, c := range colls {
+			b := tx.Bucket(collectionBucket(c))
+			if b == nil {
+				continue
+			}
+			var entries []*mcp.Entry
+			if err := b.ForEach(func(_, v []byte) error {
+				e, err := mcp.EntryFromBytes(append([]byte(nil), v...)) // bbolt's bytes live only in the transaction
+				if err != nil {
+					return err
+				}
+				entries = append(entries, e)
+				return nil
+			}); err != nil {
+				return fmt.Errorf("collection %s: %w", c, err)
+			}
+			r.cache.Replace(c, entries)
+			n += len(entries)
+		}
+		return nil
+	})
+	return whole, n, err
+}
+
+// serve runs the relay's listener until ctx ends: MCP ResourceSource and MCP-over-xDS over
+// what it holds, refused (Unavailable, so istiod retries) until it has a whole state.
+func (r *Relay) serve(ctx context.Context) error {
+	lis, err := net.Listen("tcp", r.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("relay.listen: %w", err)
+	}
+	addr := lis.Addr().String()
+	r.addr.Store(&addr)
+	opts := mcp.ServerOptions()
+	if r.creds != nil {
+		opts = append(opts, grpc.Creds(r.creds))
+	} else {
+		r.log.Warn("relay listener is plaintext: keep it pod-local or cluster-internal", "addr", addr)
+	}
+	srv := grpc.NewServer(opts...)
+	sc := mcp.ServerConfig{Authenticate: r.admit, Logger: r.log, Metrics: r.mm, Unauthenticated: true}
+	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: r.cache, Logger: r.log, Metrics: r.mm})
+	if err != nil {
+		return err
+	}
+	mcp.NewSourceServer(src, sc).Register(srv)
+	xds, err := mcp.NewXDSServer(r.cache, mcp.XDSOptions{Resolve: r.resolve, Server: sc})
+	if err != nil {
+		return err
+	}
+	xds.Register(srv)
+	r.log.Info("relay listening", "addr", addr, "tls", r.creds != nil)
+	go func() { <-ctx.Done(); srv.Stop() }()
+	if err := srv.Serve(lis); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	return nil
+}
+
+func (r *Relay) admit(context.Context) (string, error) {
+	if !r.ready.Load() {
+		return "", status.Error(codes.Unavailable, "the relay has no state yet: waiting for the hub")
+	}
+	return "", nil
+}
+
+// resolve maps istiod's type URLs to the relayed collections.
+func (r *Relay) resolve(typeURL string) (string, bool) {
+	k, ok := r.table.ForTypeURL(typeURL)
+	if !ok || !r.relays(k.Collection) {
+		return "", false
+	}
+	return k.Collection, true
+}
+
+func (r *Relay) relays(collection string) bool {
+	for _, c := range r.cache.Collections() {
+		if c == collection {
+			return true
+		}
+	}
+	return false
+}
+
+// follow keeps the relay's stream to the hub up on conn (the minion's connection to the
+// ingest listener) until ctx ends, waiting between attempts with backoff: the hub refuses a
+// relay while it warms up, and that must not end the push stream on the same connection.
+func (r *Relay) follow(ctx context.Context, conn grpc.ClientConnInterface, b ops.Backoff) {
+	delay := b.Initial.Duration
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := r.sink.PullFrom(ctx, conn)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) >= mcp.HealthyStream {
+			delay = b.Initial.Duration
+		}
+		wait := time.Duration(rand.Int64N(int64(delay) + 1))
+		r.log.Warn("relay stream ended; resubscribing", "err", err, "retry_in", wait.Round(time.Millisecond).String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		delay = min(delay*2, b.Max.Duration)
+	}
+}
