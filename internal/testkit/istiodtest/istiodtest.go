@@ -19,20 +19,17 @@
 package istiodtest
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +42,7 @@ import (
 
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 )
 
 // Namespace is istiod's own namespace (POD_NAMESPACE) and the mesh's root namespace.
@@ -90,10 +88,21 @@ type Istiod struct {
 	args []string
 	env  []string
 
-	mu   sync.Mutex // guards p
-	p    *proc
+	mu   sync.Mutex // guards r and runs
+	r    *run
 	runs int
 }
+
+// run is one pilot-discovery process, with the addresses it has logged.
+type run struct {
+	p *testproc.Proc
+
+	mu    sync.Mutex // guards addrs
+	addrs map[*regexp.Regexp]string
+}
+
+// tailLines is how many of istiod's last lines of output Output and failure messages show.
+const tailLines = 60
 
 // Start writes istiod's mesh configuration into o.Dir, makes sure namespace istio-system
 // exists, and starts pilot-discovery. It does not wait for istiod: Ready and WaitReady say
@@ -154,7 +163,13 @@ func Start(t testing.TB, o Options) *Istiod {
 func MeshConfig(address string, tls *TLSSettings) (string, error) {
 	src := map[string]any{"address": address}
 	if tls != nil {
-		ts := map[string]any{"mode": "SIMPLE", "caCertificates": tls.CACertFile}
+		// istiod takes the PEM itself here, not a path (pilot/pkg/bootstrap
+		// configcontroller.go appends tlsSettings.caCertificates to a pool as it is).
+		pem, err := os.ReadFile(tls.CACertFile)
+		if err != nil {
+			return "", err
+		}
+		ts := map[string]any{"mode": "SIMPLE", "caCertificates": string(pem)}
 		if len(tls.SubjectAltNames) > 0 {
 			ts["subjectAltNames"] = tls.SubjectAltNames
 		}
@@ -196,6 +211,8 @@ var (
 	grpcRE = regexp.MustCompile(`starting gRPC discovery service at (\S+)`)
 )
 
+// start starts pilot-discovery; its output goes to the test's log, prefixed "istiod: "
+// ("istiod#2: " after a restart), and the addresses it binds are read from it.
 func (i *Istiod) start() {
 	i.t.Helper()
 	i.mu.Lock()
@@ -205,22 +222,42 @@ func (i *Istiod) start() {
 	if i.runs > 1 {
 		prefix = fmt.Sprintf("istiod#%d: ", i.runs)
 	}
-	i.p = startProc(i.t, prefix, i.bin, i.args, i.env)
+	r := &run{addrs: map[*regexp.Regexp]string{}}
+	r.p = testproc.Start(i.t, testproc.Options{Path: i.bin, Args: i.args, Env: i.env, Log: testlog.Writer(i.t, prefix), OnLine: r.readAddrs})
+	i.r = r
 }
 
-func (i *Istiod) proc() *proc {
+// readAddrs remembers the first address each of httpRE and grpcRE finds in istiod's output.
+func (r *run) readAddrs(line string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, re := range []*regexp.Regexp{httpRE, grpcRE} {
+		if m := re.FindStringSubmatch(line); m != nil && r.addrs[re] == "" {
+			r.addrs[re] = m[1]
+		}
+	}
+}
+
+func (r *run) addr(re *regexp.Regexp) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.addrs[re]
+}
+
+// current returns the current run.
+func (i *Istiod) current() *run {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	return i.p
+	return i.r
 }
 
 // HTTPAddr is the address istiod serves HTTP on (/ready, /debug/..., /metrics), or ""
 // until it has logged it.
-func (i *Istiod) HTTPAddr() string { return i.proc().addr(httpRE) }
+func (i *Istiod) HTTPAddr() string { return i.current().addr(httpRE) }
 
 // GRPCAddr is the address of istiod's plaintext xDS server, or "" until it listens (after
 // its caches, the config source's included, have synced).
-func (i *Istiod) GRPCAddr() string { return i.proc().addr(grpcRE) }
+func (i *Istiod) GRPCAddr() string { return i.current().addr(grpcRE) }
 
 // Ready reports whether GET /ready answers 200: istiod's config source has answered every
 // type it asked for and its caches have synced.
@@ -245,25 +282,25 @@ func (i *Istiod) WaitReady(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !i.Ready() {
-		p := i.proc()
-		if p.exited() {
-			t.Fatalf("istiod exited before it was ready:\n%s", p.tail())
+		p := i.current().p
+		if p.Exited() {
+			t.Fatalf("istiod exited before it was ready:\n%s", p.Tail(tailLines))
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("istiod not ready after %v (http %q)\n%s", timeout, i.HTTPAddr(), p.tail())
+			t.Fatalf("istiod not ready after %v (http %q)\n%s", timeout, i.HTTPAddr(), p.Tail(tailLines))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
 // Exited reports whether the current istiod process has ended.
-func (i *Istiod) Exited() bool { return i.proc().exited() }
+func (i *Istiod) Exited() bool { return i.current().p.Exited() }
 
 // Output returns the last lines istiod wrote (stdout and stderr).
-func (i *Istiod) Output() string { return i.proc().tail() }
+func (i *Istiod) Output() string { return i.current().p.Tail(tailLines) }
 
 // Kill kills istiod with SIGKILL and waits for it to end. Killing it twice is harmless.
-func (i *Istiod) Kill() { i.proc().kill() }
+func (i *Istiod) Kill() { i.current().p.Kill() }
 
 // Restart kills istiod (SIGKILL) and starts it again with the same configuration. It
 // listens on new ports: ask HTTPAddr and GRPCAddr again.
@@ -389,93 +426,4 @@ func (i *Istiod) FetchConfigz() (Configz, error) {
 func (i *Istiod) Objects(t testing.TB) map[string]map[string]string {
 	t.Helper()
 	return i.Configz(t).Objects()
-}
-
-// proc is one pilot-discovery process: its output goes to the test's log, the last lines
-// are kept for failure messages, and the addresses it logs are remembered.
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-
-	mu    sync.Mutex // guards out and addrs
-	out   []string
-	addrs map[*regexp.Regexp]string
-}
-
-func startProc(t testing.TB, prefix, bin string, args, env []string) *proc {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	p := &proc{cmd: cmd, done: make(chan struct{}), addrs: map[*regexp.Regexp]string{}}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start pilot-discovery: %v", err)
-	}
-	log := testlog.Writer(t, prefix)
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			_, _ = log.Write([]byte(line + "\n"))
-			p.mu.Lock()
-			p.out = append(p.out, line)
-			if len(p.out) > 400 {
-				p.out = p.out[len(p.out)-200:]
-			}
-			for _, re := range []*regexp.Regexp{httpRE, grpcRE} {
-				if m := re.FindStringSubmatch(line); m != nil && p.addrs[re] == "" {
-					p.addrs[re] = m[1]
-				}
-			}
-			p.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	go func() {
-		_ = cmd.Wait()
-		pw.Close()
-		<-readDone
-		close(p.done)
-	}()
-	t.Cleanup(p.kill)
-	return p
-}
-
-func (p *proc) addr(re *regexp.Regexp) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.addrs[re]
-}
-
-func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) tail() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	lines := p.out
-	if len(lines) > 60 {
-		lines = lines[len(lines)-60:]
-	}
-	state := "running"
-	if p.exited() { // Wait has set ProcessState
-		state = p.cmd.ProcessState.String()
-	}
-	return "pilot-discovery (" + state + ") output:\n" + strings.Join(lines, "\n")
 }

@@ -11,7 +11,6 @@
 package kubetest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -26,12 +25,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -50,6 +47,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 )
 
 // TB is the part of testing.TB this package uses, so that the benchmark command, which is
@@ -91,9 +89,9 @@ type Env struct {
 	t          TB
 	apiBin     string
 	apiArgs    []string
-	etcd       *proc
+	etcd       *testproc.Proc
 	mu         sync.Mutex // guards api
-	api        *proc
+	api        *testproc.Proc
 	identities []Identity
 }
 
@@ -110,14 +108,15 @@ func Start(t TB, identities ...Identity) *Env {
 
 	clientPort, peerPort := freePort(t), freePort(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
-	e.etcd = startProc(t, "etcd", etcdBin,
+	e.etcd = testproc.Start(t, testproc.Options{Name: "etcd", Path: etcdBin, Args: []string{
 		"--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(peerPort),
-		"--initial-advertise-peer-urls", "http://127.0.0.1:"+strconv.Itoa(peerPort),
-		"--initial-cluster", "default=http://127.0.0.1:"+strconv.Itoa(peerPort),
-		"--listen-metrics-urls", "http://127.0.0.1:"+strconv.Itoa(freePort(t)),
-		"--log-level", "warn", "--quota-backend-bytes", strconv.Itoa(2<<30))
+		"--listen-peer-urls", "http://127.0.0.1:" + strconv.Itoa(peerPort),
+		"--initial-advertise-peer-urls", "http://127.0.0.1:" + strconv.Itoa(peerPort),
+		"--initial-cluster", "default=http://127.0.0.1:" + strconv.Itoa(peerPort),
+		"--listen-metrics-urls", "http://127.0.0.1:" + strconv.Itoa(freePort(t)),
+		"--log-level", "warn", "--quota-backend-bytes", strconv.Itoa(2 << 30),
+	}})
 
 	writeSAKey(t, dir)
 	var tokens bytes.Buffer
@@ -170,7 +169,7 @@ func StartForMinion(t TB, repoRoot string) (env *Env, minion Identity) {
 
 func (e *Env) startAPI() {
 	e.t.Helper()
-	p := startProc(e.t, "kube-apiserver", e.apiBin, e.apiArgs...)
+	p := testproc.Start(e.t, testproc.Options{Name: "kube-apiserver", Path: e.apiBin, Args: e.apiArgs})
 	e.mu.Lock()
 	e.api = p
 	e.mu.Unlock()
@@ -184,7 +183,7 @@ func (e *Env) RestartAPIServer() {
 	e.mu.Lock()
 	p := e.api
 	e.mu.Unlock()
-	p.kill()
+	p.Kill()
 	e.startAPI()
 }
 
@@ -193,19 +192,19 @@ func (e *Env) StopAPIServer() {
 	e.mu.Lock()
 	p := e.api
 	e.mu.Unlock()
-	p.kill()
+	p.Kill()
 }
 
 // StartAPIServer starts the apiserver after StopAPIServer and waits until it is ready.
 func (e *Env) StartAPIServer() { e.t.Helper(); e.startAPI() }
 
-func (e *Env) waitReady(p *proc) {
+func (e *Env) waitReady(p *testproc.Proc) {
 	e.t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
-		if p.exited() {
-			e.t.Fatalf("kube-apiserver exited while starting:\n%s", p.tail())
+		if p.Exited() {
+			e.t.Fatalf("kube-apiserver exited while starting:\n%s", p.Tail(tailLines))
 		}
 		// The serving certificate is generated at start: read it at every attempt (a
 		// client-go transport is cached by the CA file's name and would keep a CA read
@@ -229,7 +228,7 @@ func (e *Env) waitReady(p *proc) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	e.t.Fatalf("kube-apiserver not ready after 90s (last: %s)\n%s", last, p.tail())
+	e.t.Fatalf("kube-apiserver not ready after 90s (last: %s)\n%s", last, p.Tail(tailLines))
 }
 
 // Config returns a client config for identity id, trusting the apiserver's self-signed
@@ -368,74 +367,8 @@ func (e *Env) CreateNamespace(name string) {
 	e.Apply(fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", name))
 }
 
-// proc is a child process whose output is kept for failure messages.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-
-	mu  sync.Mutex // guards out
-	out []string   // last lines of output
-}
-
-func startProc(t TB, name, bin string, args ...string) *proc {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.out = append(p.out, sc.Text())
-			if len(p.out) > 200 {
-				p.out = p.out[len(p.out)-100:]
-			}
-			p.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	go func() {
-		_ = cmd.Wait()
-		pw.Close()
-		<-readDone
-		close(p.done)
-	}()
-	t.Cleanup(p.kill)
-	return p
-}
-
-func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) tail() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	lines := p.out
-	if len(lines) > 40 {
-		lines = lines[len(lines)-40:]
-	}
-	return p.name + " output:\n" + strings.Join(lines, "\n")
-}
+// tailLines is how many of a process's last lines of output a failure message shows.
+const tailLines = 40
 
 // freePort returns a port that was free a moment ago on 127.0.0.1. The programs started
 // here take ports as flags, so a listener cannot be handed over.

@@ -1,0 +1,148 @@
+// Package testproc runs a child process for a test: its output (stdout and stderr) is read
+// line by line, each line written to an optional log (testlog.Writer, to pass it to the
+// test's log), given to an optional callback (to read what the process says, e.g. the
+// addresses it bound) and kept for failure messages (Tail). The process is killed with
+// SIGKILL, and awaited, by Kill or by the test's cleanup, whichever comes first; it is
+// also SIGKILLed if the test binary dies (Pdeathsig).
+//
+// It is test infrastructure: nothing in the product imports it.
+package testproc
+
+import (
+	"bufio"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// TB is the part of testing.TB this package uses (a benchmark command that is not a test
+// can run processes too).
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// Options say what to run.
+type Options struct {
+	// Path is the program's file (required).
+	Path string
+	// Args are its arguments, without the program's name.
+	Args []string
+	// Env is its environment, "KEY=value"; nil: the test's own.
+	Env []string
+	// Name names the process in messages; default the base name of Path.
+	Name string
+	// Log, if set, gets every line of output (with its newline), as it is read: typically
+	// testlog.Writer(t, prefix), which passes it to the test's log until the test ends. nil:
+	// the output is only kept for Tail.
+	Log io.Writer
+	// OnLine, if set, is called with every line of output (without its newline), after Log,
+	// on the goroutine that reads the output: it must not block, nor call t.Fatal.
+	OnLine func(line string)
+}
+
+// Kept is how many of the last lines of output are kept at the least: Tail shows up to as
+// many.
+const Kept = 200
+
+// maxLine is the longest line read; past one longer, output is read and dropped.
+const maxLine = 4 << 20
+
+// Proc is a started child process.
+type Proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the process has ended and its output is read
+
+	mu  sync.Mutex // guards out
+	out []string   // the last lines of output, between Kept and 2*Kept of them
+}
+
+// Start starts the process, failing t if it cannot. The test's cleanup kills it.
+func Start(t TB, o Options) *Proc {
+	t.Helper()
+	name := o.Name
+	if name == "" {
+		name = filepath.Base(o.Path)
+	}
+	cmd := exec.Command(o.Path, o.Args...)
+	cmd.Env = o.Env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	p := &Proc{name: name, cmd: cmd, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), maxLine)
+		for sc.Scan() {
+			line := sc.Text()
+			if o.Log != nil {
+				_, _ = o.Log.Write([]byte(line + "\n"))
+			}
+			if o.OnLine != nil {
+				o.OnLine(line)
+			}
+			p.mu.Lock()
+			p.out = append(p.out, line)
+			if len(p.out) > 2*Kept {
+				p.out = append(p.out[:0:0], p.out[len(p.out)-Kept:]...)
+			}
+			p.mu.Unlock()
+		}
+		_, _ = io.Copy(io.Discard, pr) // a line too long: let the process write on
+	}()
+	go func() {
+		_ = cmd.Wait()
+		pw.Close()
+		<-readDone
+		close(p.done)
+	}()
+	t.Cleanup(p.Kill)
+	return p
+}
+
+// Kill kills the process with SIGKILL and waits until it has ended and its output is read.
+// Killing it again, or after it ended, is harmless.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Exited reports whether the process has ended (and its output been read).
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Done is closed once the process has ended and its output is read.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Tail returns, for a failure message, the process's name and state and its last n lines
+// of output (at most Kept): "NAME (running) output:\n..." or "NAME (signal: killed)
+// output:\n...".
+func (p *Proc) Tail(n int) string {
+	state := "running"
+	if p.Exited() { // Wait has set ProcessState
+		state = p.cmd.ProcessState.String()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lines := p.out
+	if n = max(n, 0); len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return p.name + " (" + state + ") output:\n" + strings.Join(lines, "\n")
+}
