@@ -11,9 +11,6 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -21,6 +18,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/internal/testkit/adstest"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 )
@@ -84,17 +82,7 @@ func TestXDSServesTrafficExtensionAndConfiguredKinds(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); serve == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		_, serve, _ = h.Addrs()
 	}
-	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := adstest.Dial(t, serve, nil, &corepb.Node{Id: "istiod-1"})
 	want := map[string]string{
 		"extensions.istio.io/v1alpha1/TrafficExtension": "shop/a",
 		"example.com/v1/Widget":                         "shop/a",
@@ -110,22 +98,13 @@ func TestXDSServesTrafficExtensionAndConfiguredKinds(t *testing.T) {
 	}
 	sort.Strings(urls)
 	for _, url := range urls {
-		if err := st.Send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "istiod-1"}, TypeUrl: url}); err != nil {
-			t.Fatal(err)
-		}
+		c.Subscribe(url)
 	}
 	got := map[string]string{}
 	for range want {
-		r, err := st.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := c.Recv()
 		var names []string
-		for _, a := range r.GetResources() {
-			var res mcpapi.Resource
-			if err := proto.Unmarshal(a.GetValue(), &res); err != nil {
-				t.Fatal(err)
-			}
+		for _, res := range adstest.Resources(t, r) {
 			names = append(names, res.GetMetadata().GetName())
 		}
 		got[r.GetTypeUrl()] = strings.Join(names, ",")

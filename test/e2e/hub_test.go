@@ -19,7 +19,6 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,13 +26,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
 	admincli "github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/adstest"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
@@ -80,6 +79,19 @@ func vsYAML(name, ns, created string, hosts ...string) string {
 }
 
 // runHub starts a hub on loopback with cfg (ports chosen by the OS).
+// hubCLI returns a function that runs the hub command `hub ARGS[0] -admin admin ARGS[1:]...`
+// (package hub/admin) and returns its output, failing t if it fails.
+func hubCLI(t *testing.T, admin string) func(args ...string) string {
+	return func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := admincli.Run(context.Background(), append(args[:1:1], append([]string{"-admin", admin}, args[1:]...)...), &out); err != nil {
+			t.Fatalf("hub %v: %v", args, err)
+		}
+		return out.String()
+	}
+}
+
 func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 	t.Helper()
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -399,14 +411,7 @@ func TestHubFederatesTwoClusters(t *testing.T) {
 	}
 
 	// The operator's commands.
-	run := func(args ...string) string {
-		t.Helper()
-		var out bytes.Buffer
-		if err := admincli.Run(context.Background(), append(args[:1:1], append([]string{"-admin", admin}, args[1:]...)...), &out); err != nil {
-			t.Fatalf("hub %v: %v", args, err)
-		}
-		return out.String()
-	}
+	run := hubCLI(t, admin)
 	if out := run("status"); !strings.Contains(out, "east ") || !strings.Contains(out, "west ") || !strings.Contains(out, "east-only") {
 		t.Errorf("hub status:\n%s", out)
 	}
@@ -504,51 +509,26 @@ func TestHubServesMCPOverXDS(t *testing.T) {
 	mcpSink := runSink(t, serve, "", "east-istiod", false)
 	waitFor(t, 10*time.Second, "mcp sink", func() bool { return mcpSink.view(vs) == "shop/cart@east" })
 
-	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := &corepb.Node{Id: "east-istiod"}
+	c := adstest.Dial(t, serve, nil, &corepb.Node{Id: "east-istiod"})
 	for _, url := range []string{"networking.istio.io/v1/VirtualService", "core/v1alpha1/MeshConfig"} {
-		if err := st.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: url}); err != nil {
-			t.Fatal(err)
-		}
+		c.Subscribe(url)
 	}
 	got := map[string]string{}
 	for range 2 {
-		r, err := st.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := c.Recv()
 		var names []string
-		for _, a := range r.GetResources() {
-			var res mcpapi.Resource
-			if err := proto.Unmarshal(a.GetValue(), &res); err != nil {
-				t.Fatal(err)
-			}
+		for _, res := range adstest.Resources(t, r) {
 			names = append(names, res.GetMetadata().GetName()+"@"+res.GetMetadata().GetAnnotations()[api.OriginAnnotation])
 		}
 		got[r.GetTypeUrl()] = strings.Join(names, ",")
-		if err := st.Send(&discoverypb.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(), VersionInfo: r.GetVersionInfo()}); err != nil {
-			t.Fatal(err)
-		}
+		c.ACK(r)
 	}
 	if got["networking.istio.io/v1/VirtualService"] != "shop/cart@east" || got["core/v1alpha1/MeshConfig"] != "" || len(got) != 2 {
 		t.Fatalf("xds client got %v, want the MCP sink's subset", got)
 	}
 	// A change reaches both.
 	writeFile(t, east, "shop/more.yaml", vsYAML("more", "shop", "", "more.shop.example.com"))
-	r, err := st.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := c.Recv()
 	if len(r.GetResources()) != 2 || r.GetTypeUrl() != "networking.istio.io/v1/VirtualService" {
 		t.Fatalf("after a change the xds client got %d resources of %s", len(r.GetResources()), r.GetTypeUrl())
 	}

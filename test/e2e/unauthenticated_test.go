@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -22,34 +23,9 @@ import (
 // them (by the node id they claim), and the mutually authenticated listener still refuses
 // them.
 func TestServeUnauthenticated(t *testing.T) {
-	p := newPKI(t)
-	cfg := p.hubConfig(t)
-	cfg.ServeUnauthenticated = "127.0.0.1:0"
-	cfg.Routing = routing.Config{
-		Rules: []routing.Rule{
-			{Name: "istiod-east", Unauthenticated: true, NodeIDs: []string{"istiod-east-*"}, Clusters: []string{"east"}},
-			{Name: "any-istiod", NodeIDs: []string{"istiod-*"}}, // not for unauthenticated sinks
-		},
-		Default: &routing.Rule{Name: "everything"}, // nor this
-	}
-	h := runHub(t, cfg)
-	ingest, serve, _ := h.Addrs()
-	east, west := t.TempDir(), t.TempDir()
-	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
-	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
-	tlsMinion(t, p, "east", east, ingest)
-	tlsMinion(t, p, "west", west, ingest)
-	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	h, simple := unauthenticatedHub(t, "istiod-east-*", "istiod-*")
+	_, serve, _ := h.Addrs()
 	open := h.UnauthenticatedAddr()
-
-	// Server-authenticated TLS only, as istiod's tlsSettings {mode: SIMPLE, caCertificates}.
-	pem, err := os.ReadFile(p.bundle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	simple := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 
 	subscribe := func(node string) *mcp.Sink {
 		sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs}, Node: &mcppb.SinkNode{Id: node}, FullStateOnly: true,
@@ -78,4 +54,48 @@ func TestServeUnauthenticated(t *testing.T) {
 	waitFor(t, 10*time.Second, "the hub counting a handshake without a certificate", func() bool {
 		return promtest.Sum(t, h.Registry(), "meshfed_hub_tls_rejections_total", map[string]string{"reason": "no_certificate"}) >= 1
 	})
+}
+
+// unauthenticatedHub runs a hub with mutual TLS (a new PKI) and a serveUnauthenticated
+// listener, routing by rule istiod-east (unauthenticated: sinks whose node id matches
+// eastNodes get cluster east), rule any-istiod (node ids anyNodes, not for unauthenticated
+// sinks) and a default rule everything (nor this), fed as tlsEastWest does. It returns the
+// hub, ready, and client credentials that verify the server only and present no
+// certificate, as istiod's tlsSettings {mode: SIMPLE, caCertificates}.
+func unauthenticatedHub(t *testing.T, eastNodes, anyNodes string) (*hub.Hub, credentials.TransportCredentials) {
+	t.Helper()
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.ServeUnauthenticated = "127.0.0.1:0"
+	cfg.Routing = routing.Config{
+		Rules: []routing.Rule{
+			{Name: "istiod-east", Unauthenticated: true, NodeIDs: []string{eastNodes}, Clusters: []string{"east"}},
+			{Name: "any-istiod", NodeIDs: []string{anyNodes}}, // not for unauthenticated sinks
+		},
+		Default: &routing.Rule{Name: "everything"}, // nor this
+	}
+	h := tlsEastWest(t, p, cfg)
+	pem, err := os.ReadFile(p.bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return h, credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+}
+
+// tlsEastWest runs a hub with cfg (p.hubConfig's, changed as the test needs) and minions east
+// (VirtualService shop/cart) and west (pay/api) publishing to it over mutual TLS, and
+// returns it once it is ready.
+func tlsEastWest(t *testing.T, p *pki, cfg *hub.Config) *hub.Hub {
+	t.Helper()
+	h := runHub(t, cfg)
+	ingest, _, _ := h.Addrs()
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "east", east, ingest)
+	tlsMinion(t, p, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	return h
 }

@@ -1,27 +1,16 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	admincli "github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/testkit/adstest"
 	"github.com/meshfed/meshfed/routing"
 )
 
@@ -52,39 +41,21 @@ func TestXDSSinkListedInSinksStatusAndWhy(t *testing.T) {
 	mcpSink := runSink(t, serve, "", "global-mcp", false)
 	waitFor(t, 10*time.Second, "mcp sink", func() bool { return mcpSink.view(vs) == "pay/api@west,shop/cart@east" })
 
-	conn, err := grpc.NewClient(serve, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	md, err := structpb.NewStruct(map[string]any{"GENERATOR": "api", "ISTIO_VERSION": "1.31.0", "ISTIO_REVISION": "default"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := &corepb.Node{Id: istiodNodeID, Metadata: md}
+	c := adstest.Dial(t, serve, nil, &corepb.Node{Id: istiodNodeID, Metadata: md})
 	vsURL, drURL := "networking.istio.io/v1/VirtualService", "networking.istio.io/v1/DestinationRule"
 	for _, url := range []string{meshConfigTypeURL, vsURL, drURL} {
-		if err := st.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: url}); err != nil {
-			t.Fatal(err)
-		}
+		c.Subscribe(url)
 	}
 	for range 3 {
-		r, err := st.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := &discoverypb.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(), VersionInfo: r.GetVersionInfo()}
+		r := c.Recv()
 		if r.GetTypeUrl() == drURL { // istiod's store refuses it
-			req.VersionInfo, req.ErrorDetail = "", &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "DestinationRule shop/cart: bad subset"}
-		}
-		if err := st.Send(req); err != nil {
-			t.Fatal(err)
+			c.NACK(r, "DestinationRule shop/cart: bad subset")
+		} else {
+			c.ACK(r)
 		}
 	}
 
@@ -125,14 +96,7 @@ func TestXDSSinkListedInSinksStatusAndWhy(t *testing.T) {
 		t.Errorf("xds sink's MeshConfig = %+v, want it answered (empty) and ACKed", *m)
 	}
 
-	run := func(args ...string) string {
-		t.Helper()
-		var out bytes.Buffer
-		if err := admincli.Run(context.Background(), append(args[:1:1], append([]string{"-admin", admin}, args[1:]...)...), &out); err != nil {
-			t.Fatalf("hub %v: %v", args, err)
-		}
-		return out.String()
-	}
+	run := hubCLI(t, admin)
 	sinkLine := "sink " + itoa(xds.Stream) + " over xds (-, node " + istiodNodeID + ", rules istiod): "
 	if out := run("why", "vs", "shop/cart"); !strings.Contains(out, sinkLine+"up to date") || !strings.Contains(out, "over mcp (-, node global-mcp, rules all): up to date") {
 		t.Errorf("hub why vs shop/cart does not name the xds sink as up to date (%q):\n%s", sinkLine, out)
@@ -151,7 +115,7 @@ func TestXDSSinkListedInSinksStatusAndWhy(t *testing.T) {
 	}
 
 	// Disconnected, it is gone.
-	cancel()
+	c.Close()
 	waitFor(t, 10*time.Second, "the xds sink gone from /api/sinks", func() bool {
 		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
 		return len(sinks) == 1 && sinks[0].NodeID == "global-mcp"
@@ -168,55 +132,16 @@ func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 // that route it, the unauthenticated ones: /api/sinks and why ask who the sink is as the
 // serving router does.
 func TestXDSSinkUnauthenticatedListedByItsRules(t *testing.T) {
-	p := newPKI(t)
-	cfg := p.hubConfig(t)
-	cfg.ServeUnauthenticated = "127.0.0.1:0"
-	cfg.Routing = routing.Config{
-		Rules: []routing.Rule{
-			{Name: "istiod-east", Unauthenticated: true, NodeIDs: []string{"sidecar~*~istiod-*"}, Clusters: []string{"east"}},
-			{Name: "any-istiod", NodeIDs: []string{"sidecar~*"}}, // not for unauthenticated sinks
-		},
-		Default: &routing.Rule{Name: "everything"}, // nor this
-	}
-	h := runHub(t, cfg)
-	ingest, _, admin := h.Addrs()
-	east, west := t.TempDir(), t.TempDir()
-	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
-	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
-	tlsMinion(t, p, "east", east, ingest)
-	tlsMinion(t, p, "west", west, ingest)
-	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	h, simple := unauthenticatedHub(t, "sidecar~*~istiod-*", "sidecar~*")
+	_, _, admin := h.Addrs()
 
-	pem, err := os.ReadFile(p.bundle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	conn, err := grpc.NewClient(h.UnauthenticatedAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: istiodNodeID}, TypeUrl: "networking.istio.io/v1/VirtualService"}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := st.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := adstest.Dial(t, h.UnauthenticatedAddr(), simple, &corepb.Node{Id: istiodNodeID})
+	c.Subscribe("networking.istio.io/v1/VirtualService")
+	r := c.Recv()
 	if len(r.GetResources()) != 1 {
 		t.Fatalf("the unauthenticated xds sink got %d VirtualServices, want east's one", len(r.GetResources()))
 	}
-	if err := st.Send(&discoverypb.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce(), VersionInfo: r.GetVersionInfo()}); err != nil {
-		t.Fatal(err)
-	}
+	c.ACK(r)
 	var sinks []api.SinkStatus
 	waitFor(t, 10*time.Second, "the xds sink's ACK in /api/sinks", func() bool {
 		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
@@ -225,18 +150,11 @@ func TestXDSSinkUnauthenticatedListedByItsRules(t *testing.T) {
 	if s := sinks[0]; s.Protocol != "xds" || s.Identity != "" || strings.Join(s.Rules, ",") != "istiod-east" {
 		t.Errorf("/api/sinks lists %+v, want the xds sink without identity, rules [istiod-east]", s)
 	}
-	var out bytes.Buffer
-	if err := admincli.Run(context.Background(), []string{"why", "-admin", admin, "vs", "shop/cart"}, &out); err != nil {
-		t.Fatal(err)
+	run := hubCLI(t, admin)
+	if out := run("why", "vs", "shop/cart"); !strings.Contains(out, "over xds (-, node "+istiodNodeID+", rules istiod-east): up to date") {
+		t.Errorf("hub why vs shop/cart:\n%s", out)
 	}
-	if !strings.Contains(out.String(), "over xds (-, node "+istiodNodeID+", rules istiod-east): up to date") {
-		t.Errorf("hub why vs shop/cart:\n%s", out.String())
-	}
-	out.Reset()
-	if err := admincli.Run(context.Background(), []string{"why", "-admin", admin, "vs", "pay/api"}, &out); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(out.String(), istiodNodeID) {
-		t.Errorf("hub why pay/api names the xds sink, which does not receive it:\n%s", out.String())
+	if out := run("why", "vs", "pay/api"); strings.Contains(out, istiodNodeID) {
+		t.Errorf("hub why pay/api names the xds sink, which does not receive it:\n%s", out)
 	}
 }
