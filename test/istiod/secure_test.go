@@ -1,0 +1,187 @@
+package istiod
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/istiodtest"
+	"github.com/meshfed/meshfed/internal/testkit/kubetest"
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
+	"github.com/meshfed/meshfed/minion"
+	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
+	"github.com/meshfed/meshfed/tls/tlstest"
+)
+
+const td = "mesh.test"
+
+// vsFile is a VirtualService file istiod accepts (it drops one without routes).
+func vsFile(t *testing.T, dir, name, ns, host string) {
+	t.Helper()
+	y := fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: %s, namespace: %s}
+spec:
+  hosts: [%s]
+  http: [{route: [{destination: {host: %s}}]}]
+`, name, ns, host, host)
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, ns+"-"+name+".yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freeAddr is a loopback address that was free a moment ago: the relay must come back on
+// the address istiod was given.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestIstiodSecurePaths: mutual TLS between every minion and the hub, no insecure anywhere.
+// One istiod follows east's relay (TLS mode SIMPLE to the relay's serving certificate) and
+// gets what routing gives east; another is at the hub's serveUnauthenticated listener and
+// gets what the unauthenticated rule gives it. Both follow an update and a deletion, never
+// hold the object the ACL refused, and the relayed istiod's store does not change when the
+// hub goes away, nor when east's minion restarts while the hub is down.
+func TestIstiodSecurePaths(t *testing.T) {
+	env := kubetest.Start(t)
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t, "mesh-ca")
+	bundle := filepath.Join(dir, "ca.crt")
+	tlstest.WriteBundle(t, bundle, ca)
+	files := func(prefix string, names ...string) meshtls.Files {
+		c, k, _ := ca.Issue(t, dir, prefix, names...)
+		return meshtls.Files{Cert: c, Key: k, CA: bundle}
+	}
+
+	cfg := hub.Defaults()
+	cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.ServeUnauthenticated = "127.0.0.1:0", "127.0.0.1:0", "", "127.0.0.1:0"
+	cfg.TLS = &meshtls.Config{Files: files("hub", "127.0.0.1", "spiffe://"+td+"/hub/h1")}
+	cfg.TrustDomain = td
+	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*"}}, {Name: "west", Namespaces: []string{"pay"}, Hosts: []string{"*"}}}
+	cfg.Routing = routing.Config{Rules: []routing.Rule{
+		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east"}},
+		{Name: "direct-istiod", Unauthenticated: true, NodeIDs: []string{"*"}, Clusters: []string{"west"}},
+	}}
+	cfg.WarmUp = hub.Duration{Duration: time.Hour}
+	h, err := hub.New(cfg, testlog.New(t).With("side", "hub"), hub.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopHub := testrun.Start(t, "hub Run", h.Run)
+	testwait.For(t, 10*time.Second, "hub listening", func() bool { i, _, _ := h.Addrs(); return i != "" && h.UnauthenticatedAddr() != "" })
+	ingest, _, _ := h.Addrs()
+
+	east, west := t.TempDir(), t.TempDir()
+	vsFile(t, east, "cart", "shop", "cart.shop.example.com")
+	vsFile(t, east, "hijack", "pay", "hijack.pay.example.com") // not east's namespace: refused
+	vsFile(t, west, "api", "pay", "api.pay.example.com")
+	relayAddr, state := freeAddr(t), filepath.Join(t.TempDir(), "relay.db")
+	relayTLS := files("relay", "127.0.0.1")
+	minionCfg := func(cluster, root string, relay bool) *minion.Config {
+		mc := minion.Defaults()
+		mc.Cluster, mc.HTTP = cluster, ""
+		mc.Sources = []minion.SourceConfig{{URL: "fs://" + root}}
+		mc.Collections = []string{vsColl}
+		mc.TLS = &meshtls.Config{Files: files("minion-"+cluster, hub.ClusterIdentity(td, cluster))}
+		mc.Destinations.Push = []string{"push://" + ingest}
+		mc.Destinations.Backoff = ops.Backoff{Initial: ops.D(20 * time.Millisecond), Max: ops.D(300 * time.Millisecond)}
+		if relay {
+			mc.Relay = &minion.RelayConfig{Listen: relayAddr, TLS: &relayTLS, StateFile: state}
+		}
+		return mc
+	}
+	startMinion := func(mc *minion.Config) (*minion.Minion, *minion.Telemetry, func()) {
+		tel := minion.NewTelemetry()
+		m, err := minion.New(mc, testlog.New(t).With("side", "minion-"+mc.Cluster), tel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, tel, testrun.Start(t, "minion Run", m.Run)
+	}
+	eastMinion, _, stopEast := startMinion(minionCfg("east", east, true))
+	startMinion(minionCfg("west", west, false))
+	testwait.For(t, 20*time.Second, "hub ready", h.Ready)
+	testwait.For(t, 20*time.Second, "east's relay whole", eastMinion.Relay().Ready)
+
+	simple := &istiodtest.TLSSettings{CACertFile: bundle}
+	relayed := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + relayAddr, TLS: simple})
+	direct := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + h.UnauthenticatedAddr(), TLS: simple})
+	relayed.WaitReady(t, 3*time.Minute)
+	direct.WaitReady(t, 3*time.Minute)
+	waitKeys := func(i *istiodtest.Istiod, what string, want ...string) istiodtest.Configz {
+		t.Helper()
+		var last istiodtest.Configz
+		testwait.For(t, time.Minute, what, func() bool {
+			c, err := i.FetchConfigz()
+			if err != nil {
+				return false
+			}
+			if _, ok := c.Get(vsType, "pay/hijack"); ok {
+				t.Fatalf("istiod holds pay/hijack, which the hub refused")
+			}
+			last = c
+			return fmt.Sprint(c.Keys(vsType)) == fmt.Sprint(want)
+		})
+		return last
+	}
+	waitKeys(relayed, "the relayed istiod holding east's subset", "shop/cart")
+	waitKeys(direct, "the direct istiod holding west's subset", "pay/api")
+
+	// An update and a deletion reach the relayed istiod; a new object the direct one.
+	vsFile(t, east, "basket", "shop", "basket.shop.example.com")
+	waitKeys(relayed, "shop/basket relayed", "shop/basket", "shop/cart")
+	if err := os.Remove(filepath.Join(east, "shop-cart.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(relayed, "shop/cart's deletion relayed", "shop/basket")
+	vsFile(t, west, "web", "pay", "web.pay.example.com")
+	waitKeys(direct, "pay/web served directly", "pay/api", "pay/web")
+
+	// The hub goes away: the relayed istiod's store does not change.
+	before := waitKeys(relayed, "the relayed istiod settled", "shop/basket").Objects()
+	stopHub()
+	sameStore := func(what string) {
+		t.Helper()
+		for range 5 {
+			c, err := relayed.FetchConfigz()
+			if err != nil {
+				t.Fatalf("%s: configz: %v", what, err)
+			}
+			if got := c.Objects(); !maps.EqualFunc(got, before, func(a, b map[string]string) bool { return maps.Equal(a, b) }) {
+				t.Fatalf("%s: istiod's store changed: %v -> %v", what, before, got)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	sameStore("after the hub stopped")
+
+	// East's minion restarts while the hub is down: istiod reconnects to the relay, which
+	// serves its kept state, and istiod's store does not change.
+	stopEast()
+	restarted, tel, _ := startMinion(minionCfg("east", east, true))
+	testwait.For(t, 10*time.Second, "the restarted relay serving its kept state", func() bool { return restarted.Relay().Addr() != "" && restarted.Relay().Ready() })
+	testwait.For(t, time.Minute, "istiod reconnected to the restarted relay", func() bool {
+		return promtest.Sum(t, tel.Registry, "meshfed_mcp_streams_open", map[string]string{"role": "source", "transport": "server"}) >= 1
+	})
+	sameStore("after east's minion restarted")
+}
