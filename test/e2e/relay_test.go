@@ -31,16 +31,10 @@ func TestRelaySubscribesOnIngest(t *testing.T) {
 	cfg.Routing = routing.Config{Rules: []routing.Rule{
 		{Name: "east-gets-west", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
 	}}
-	h := runHub(t, cfg)
+	h := tlsEastWest(t, p, cfg)
 	ingest, _, _ := h.Addrs()
-	east, west := t.TempDir(), t.TempDir()
-	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
-	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
-	tlsMinion(t, p, "east", east, ingest)
-	tlsMinion(t, p, "west", west, ingest)
-	waitFor(t, 20*time.Second, "hub ready", h.Ready)
 
-	relay, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs}, Node: &mcppb.SinkNode{Id: "meshfed-relay/east"},
+	relay, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs}, Node: &mcppb.SinkNode{Id: "east"},
 		Applier: mcp.ApplierFunc(func(context.Context, *mcp.Change) error { return nil }), Logger: logger(t)})
 	if err != nil {
 		t.Fatal(err)
