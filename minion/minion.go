@@ -389,6 +389,7 @@ type Status struct {
 	Sources      []SourceStatus  `json:"sources"`
 	Destinations map[string]bool `json:"destinations"`
 	Objects      map[string]int  `json:"objects"`
+	Relay        *RelayStatus    `json:"relay,omitempty"`
 }
 
 // SourceStatus is one source's state.
@@ -423,6 +424,10 @@ func (m *Minion) Status() Status {
 	m.mu.Unlock()
 	for _, c := range m.cache.Collections() {
 		st.Objects[c] = m.cache.Len(c)
+	}
+	if m.relay != nil {
+		rs := m.relay.Status()
+		st.Relay = &rs
 	}
 	return st
 }

@@ -65,6 +65,8 @@ type Relay struct {
 	ready atomic.Bool // it has a whole state to serve
 	addr  atomic.Pointer[string]
 	mm    *mcp.Metrics
+	// streams counts the relay's open serving streams.
+	streams atomic.Int64
 
 	mu  sync.Mutex      // guards got
 	got map[string]bool // collections received whole from the hub
@@ -131,6 +133,36 @@ func (r *Relay) Addr() string {
 		return *p
 	}
 	return ""
+}
+
+// RelayStatus is the relay as /status reports it.
+type RelayStatus struct {
+	// Addr is the listener's bound address.
+	Addr string `json:"addr"`
+	// Serving: it has a whole state (from its file or the hub) and answers istiod.
+	Serving bool `json:"serving"`
+	// FromHub: every collection has arrived from the hub since the minion started
+	// (otherwise what is served is the kept state, or nothing).
+	FromHub bool `json:"fromHub"`
+	// Objects served, by collection.
+	Objects map[string]int `json:"objects"`
+	// Streams: istiods (and other sinks) connected now.
+	Streams int `json:"streams"`
+}
+
+// Status returns the relay's state.
+func (r *Relay) Status() RelayStatus {
+	st := RelayStatus{Addr: r.Addr(), Serving: r.ready.Load(), Objects: map[string]int{}, Streams: int(r.streams.Load())}
+	r.mu.Lock()
+	st.FromHub = len(r.got) > 0
+	for _, c := range r.sink.Collections() {
+		st.FromHub = st.FromHub && r.got[c]
+	}
+	r.mu.Unlock()
+	for _, c := range r.cache.Collections() {
+		st.Objects[c] = r.cache.Len(c)
+	}
+	return st
 }
 
 // Cache is what the relay serves.
@@ -276,12 +308,13 @@ func (r *Relay) serve(ctx context.Context) error {
 	}
 	srv := grpc.NewServer(opts...)
 	sc := mcp.ServerConfig{Authenticate: r.admit, Logger: r.log, Metrics: r.mm, Unauthenticated: true}
-	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: r.cache, Logger: r.log, Metrics: r.mm})
+	hooks := mcp.Hooks{StreamOpened: func(*mcp.StreamInfo) { r.streams.Add(1) }, StreamClosed: func(*mcp.StreamInfo, error) { r.streams.Add(-1) }}
+	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: r.cache, Logger: r.log, Metrics: r.mm, Hooks: hooks})
 	if err != nil {
 		return err
 	}
 	mcp.NewSourceServer(src, sc).Register(srv)
-	xds, err := mcp.NewXDSServer(r.cache, mcp.XDSOptions{Resolve: r.resolve, Server: sc})
+	xds, err := mcp.NewXDSServer(r.cache, mcp.XDSOptions{Resolve: r.resolve, Server: sc, Hooks: hooks})
 	if err != nil {
 		return err
 	}
