@@ -1,11 +1,14 @@
 package istiod
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +17,9 @@ import (
 	"github.com/meshfed/meshfed/internal/testkit/istiodtest"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
 	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/minion"
@@ -28,13 +33,7 @@ const td = "mesh.test"
 // vsFile is a VirtualService file istiod accepts (it drops one without routes).
 func vsFile(t *testing.T, dir, name, ns, host string) {
 	t.Helper()
-	y := fmt.Sprintf(`apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {name: %s, namespace: %s}
-spec:
-  hosts: [%s]
-  http: [{route: [{destination: {host: %s}}]}]
-`, name, ns, host, host)
+	y := vsObject(name, ns, host)
 	tmp := filepath.Join(dir, "."+name+".tmp")
 	if err := os.WriteFile(tmp, []byte(y), 0o644); err != nil {
 		t.Fatal(err)
@@ -42,6 +41,17 @@ spec:
 	if err := os.Rename(tmp, filepath.Join(dir, ns+"-"+name+".yaml")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// vsObject is a VirtualService object istiod accepts, as a manifest.
+func vsObject(name, ns, host string) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: %s, namespace: %s}
+spec:
+  hosts: [%s]
+  http: [{route: [{destination: {host: %s}}]}]
+`, name, ns, host, host)
 }
 
 // freeAddr is a loopback address that was free a moment ago: the relay must come back on
@@ -56,14 +66,86 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// TestIstiodSecurePaths: mutual TLS between every minion and the hub, no insecure anywhere.
+// hubProcess is the hub run as a process (meshfed-hub), so a test can kill it with SIGKILL.
+type hubProcess struct {
+	proc  *testproc.Proc
+	mu    sync.Mutex
+	addrs map[string]string // listener -> bound address, from its "listening" log lines
+}
+
+func startHubProcess(t *testing.T, cfg *hub.Config, dir string) *hubProcess {
+	t.Helper()
+	cfg.HTTP = "127.0.0.1:0"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "hub.yaml")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := &hubProcess{addrs: map[string]string{}}
+	h.proc = testproc.Start(t, testproc.Options{Path: testbin.Own(t, "hub"), Args: []string{"-config", path}, Name: "meshfed-hub",
+		Log: testlog.Writer(t, "hub: "),
+		OnLine: func(line string) {
+			var ev struct{ Msg, Listener, Addr string }
+			if json.Unmarshal([]byte(line), &ev) == nil && ev.Msg == "listening" {
+				h.mu.Lock()
+				h.addrs[ev.Listener] = ev.Addr
+				h.mu.Unlock()
+			}
+		}})
+	return h
+}
+
+// addr waits for the listener's bound address.
+func (h *hubProcess) addr(t *testing.T, listener string) string {
+	t.Helper()
+	var a string
+	testwait.For(t, 30*time.Second, "the hub's "+listener+" listener", func() bool {
+		if h.proc.Exited() {
+			t.Fatalf("the hub exited:\n%s", h.proc.Tail(40))
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		a = h.addrs[listener]
+		return a != ""
+	})
+	return a
+}
+
+// ready reports whether the hub's /readyz answers 200.
+func (h *hubProcess) ready() bool {
+	h.mu.Lock()
+	addr := h.addrs["http"]
+	h.mu.Unlock()
+	if addr == "" {
+		return false
+	}
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// TestIstiodSecurePaths: mutual TLS between every minion and the hub, no insecure anywhere;
+// east's minion reads files, west's a real kube-apiserver.
 // One istiod follows east's relay (TLS mode SIMPLE to the relay's serving certificate) and
 // gets what routing gives east; another is at the hub's serveUnauthenticated listener and
 // gets what the unauthenticated rule gives it. Both follow an update and a deletion, never
 // hold the object the ACL refused, and the relayed istiod's store does not change when the
-// hub goes away, nor when east's minion restarts while the hub is down.
+// hub's process is killed, nor when east's minion restarts while the hub is down.
 func TestIstiodSecurePaths(t *testing.T) {
-	env := kubetest.Start(t)
+	root, err := testbin.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, minionSA := kubetest.StartForMinion(t, root)
 	dir := t.TempDir()
 	ca := tlstest.NewCA(t, "mesh-ca")
 	bundle := filepath.Join(dir, "ca.crt")
@@ -83,24 +165,22 @@ func TestIstiodSecurePaths(t *testing.T) {
 		{Name: "direct-istiod", Unauthenticated: true, NodeIDs: []string{"*"}, Clusters: []string{"west"}},
 	}}
 	cfg.WarmUp = hub.Duration{Duration: time.Hour}
-	h, err := hub.New(cfg, testlog.New(t).With("side", "hub"), hub.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopHub := testrun.Start(t, "hub Run", h.Run)
-	testwait.For(t, 10*time.Second, "hub listening", func() bool { i, _, _ := h.Addrs(); return i != "" && h.UnauthenticatedAddr() != "" })
-	ingest, _, _ := h.Addrs()
+	h := startHubProcess(t, cfg, dir)
+	ingest := h.addr(t, "ingest")
 
-	east, west := t.TempDir(), t.TempDir()
+	east := t.TempDir()
 	vsFile(t, east, "cart", "shop", "cart.shop.example.com")
 	vsFile(t, east, "hijack", "pay", "hijack.pay.example.com") // not east's namespace: refused
-	vsFile(t, west, "api", "pay", "api.pay.example.com")
+	// West's minion reads the kube-apiserver (the same one istiod uses for its registry),
+	// with the deployed minion's RBAC.
+	env.CreateNamespace("pay")
+	env.Apply(vsObject("api", "pay", "api.pay.example.com"))
 	relayAddr, state := freeAddr(t), filepath.Join(t.TempDir(), "relay.db")
 	relayTLS := files("relay", "127.0.0.1")
-	minionCfg := func(cluster, root string, relay bool) *minion.Config {
+	minionCfg := func(cluster, source string, relay bool) *minion.Config {
 		mc := minion.Defaults()
 		mc.Cluster, mc.HTTP = cluster, ""
-		mc.Sources = []minion.SourceConfig{{URL: "fs://" + root}}
+		mc.Sources = []minion.SourceConfig{{URL: source}}
 		mc.Collections = []string{vsColl}
 		mc.TLS = &meshtls.Config{Files: files("minion-"+cluster, hub.ClusterIdentity(td, cluster))}
 		mc.Destinations.Push = []string{"push://" + ingest}
@@ -118,14 +198,14 @@ func TestIstiodSecurePaths(t *testing.T) {
 		}
 		return m, tel, testrun.Start(t, "minion Run", m.Run)
 	}
-	eastMinion, _, stopEast := startMinion(minionCfg("east", east, true))
-	startMinion(minionCfg("west", west, false))
-	testwait.For(t, 20*time.Second, "hub ready", h.Ready)
+	eastMinion, _, stopEast := startMinion(minionCfg("east", "fs://"+east, true))
+	startMinion(minionCfg("west", "k8s://"+env.Kubeconfig(minionSA), false))
+	testwait.For(t, 20*time.Second, "hub ready", h.ready)
 	testwait.For(t, 20*time.Second, "east's relay whole", eastMinion.Relay().Ready)
 
 	simple := &istiodtest.TLSSettings{CACertFile: bundle}
 	relayed := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + relayAddr, TLS: simple})
-	direct := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + h.UnauthenticatedAddr(), TLS: simple})
+	direct := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + h.addr(t, "serveUnauthenticated"), TLS: simple})
 	relayed.WaitReady(t, 3*time.Minute)
 	direct.WaitReady(t, 3*time.Minute)
 	waitKeys := func(i *istiodtest.Istiod, what string, want ...string) istiodtest.Configz {
@@ -154,12 +234,12 @@ func TestIstiodSecurePaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitKeys(relayed, "shop/cart's deletion relayed", "shop/basket")
-	vsFile(t, west, "web", "pay", "web.pay.example.com")
+	env.Apply(vsObject("web", "pay", "web.pay.example.com"))
 	waitKeys(direct, "pay/web served directly", "pay/api", "pay/web")
 
-	// The hub goes away: the relayed istiod's store does not change.
+	// The hub's process is killed (SIGKILL): the relayed istiod's store does not change.
 	before := waitKeys(relayed, "the relayed istiod settled", "shop/basket").Objects()
-	stopHub()
+	h.proc.Kill()
 	sameStore := func(what string) {
 		t.Helper()
 		for range 5 {
@@ -178,7 +258,7 @@ func TestIstiodSecurePaths(t *testing.T) {
 	// East's minion restarts while the hub is down: istiod reconnects to the relay, which
 	// serves its kept state, and istiod's store does not change.
 	stopEast()
-	restarted, tel, _ := startMinion(minionCfg("east", east, true))
+	restarted, tel, _ := startMinion(minionCfg("east", "fs://"+east, true))
 	testwait.For(t, 10*time.Second, "the restarted relay serving its kept state", func() bool { return restarted.Relay().Addr() != "" && restarted.Relay().Ready() })
 	testwait.For(t, time.Minute, "istiod reconnected to the restarted relay", func() bool {
 		return promtest.Sum(t, tel.Registry, "meshfed_mcp_streams_open", map[string]string{"role": "source", "transport": "server"}) >= 1

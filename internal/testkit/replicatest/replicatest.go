@@ -51,34 +51,6 @@ const TrustDomain = "mesh.test"
 // Collection is the one collection a world publishes.
 const Collection = "istio/networking/v1alpha3/virtualservices"
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
-
-// build builds cmd/hub and cmd/minion into .cache/bin (go's build cache makes it quick
-// after the first time).
-func build() (string, error) {
-	buildOnce.Do(func() {
-		root, err := testbin.RepoRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binDir = filepath.Join(root, ".cache", "bin")
-		for _, c := range []string{"hub", "minion"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "meshfed-"+c), "./cmd/"+c)
-			cmd.Dir = root
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build ./cmd/%s: %v\n%s", c, err, out)
-				return
-			}
-		}
-	})
-	return binDir, buildErr
-}
-
 // Options shape a world.
 type Options struct {
 	// Clusters is the number of clusters, c1..cN; each owns namespace ns-cN and hosts
@@ -116,10 +88,8 @@ type World struct {
 // New prepares a world (nothing runs yet).
 func New(tb TB, opts Options) *World {
 	tb.Helper()
-	bins, err := build()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	testbin.Own(tb, "minion")
+	bins := filepath.Dir(testbin.Own(tb, "hub"))
 	if opts.ProbeInterval == 0 {
 		opts.ProbeInterval = 200 * time.Millisecond
 	}

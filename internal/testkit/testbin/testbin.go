@@ -22,7 +22,37 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
+)
+
+// Own builds meshfed's own command ./cmd/<name> into .cache/bin/meshfed-<name>, once per
+// test process (go's build cache makes it quick), for tests that run the product as a
+// process (to kill it with SIGKILL), and returns its path.
+func Own(t TB, name string) string {
+	t.Helper()
+	ownMu.Lock()
+	defer ownMu.Unlock()
+	if p, ok := ownBuilt[name]; ok {
+		return p
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(root, ".cache", "bin", "meshfed-"+name)
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatal(fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, b))
+	}
+	ownBuilt[name] = out
+	return out
+}
+
+var (
+	ownMu    sync.Mutex
+	ownBuilt = map[string]string{}
 )
 
 // Binary is one program the tests need.
