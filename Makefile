@@ -29,6 +29,7 @@ test-e2e: testbins ## make test plus tests behind the e2e build tag (multi-proce
 bench: testbins ## benchmark tables (with same-run baselines) and Go benchmarks
 	$(GO) run ./cmd/mcpbench
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./mcp/... ./minion/...
+	$(GO) test -run '^$$' -bench BenchmarkChangeToIstiod -benchtime 1x -v ./test/istiod | grep -E 'Benchmark|p50'  # a real istiod: relay, direct, and the MCP sink baseline
 
 fuzz: ## run every fuzz target for FUZZTIME each
 	@set -e; for pkg in $$($(GO) list ./...); do \

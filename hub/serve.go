@@ -230,7 +230,7 @@ type sinkEntry struct {
 func (r *sinkRegistry) hooks() mcp.Hooks {
 	return mcp.Hooks{
 		StreamOpened: func(i *mcp.StreamInfo) {
-			r.sinks.Store(i, &sinkEntry{info: i, st: api.SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Protocol: i.Protocol, Identity: i.Identity,
+			r.sinks.Store(i, &sinkEntry{info: i, st: api.SinkStatus{Stream: i.ID, Peer: i.Peer, Transport: i.Transport, Protocol: i.Protocol, Identity: i.Identity, Unauthenticated: i.Unauthenticated,
 				Since: r.now(), Collections: map[string]*api.SinkCollection{}}})
 		},
 		StreamClosed: func(i *mcp.StreamInfo, _ error) { r.sinks.Delete(i) },

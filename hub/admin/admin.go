@@ -220,7 +220,11 @@ func (c *client) status(ctx context.Context) error {
 			}
 		}
 		sort.Strings(colls)
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Stream, protocol(s), dash(s.Identity), dash(s.NodeID), dash(strings.Join(s.Rules, ",")), strings.Join(colls, "; "), nacks)
+		identity := dash(s.Identity)
+		if s.Unauthenticated {
+			identity = "(unauthenticated)" // its node id is only what it claims
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Stream, protocol(s), identity, dash(s.NodeID), dash(strings.Join(s.Rules, ",")), strings.Join(colls, "; "), nacks)
 	}
 	return w.Flush()
 }

@@ -65,6 +65,9 @@ type SinkStatus struct {
 	// Protocol is "mcp" (MCP ResourceSource, or the hub's dial-out) or "xds" (MCP over xDS).
 	Protocol string `json:"protocol"`
 	Identity string `json:"identity"`
+	// Unauthenticated: it came in on serveUnauthenticated without a certificate; its node
+	// id and annotations, which routed it, are only what it claims.
+	Unauthenticated bool `json:"unauthenticated,omitempty"`
 	// NodeID and Annotations are what its SinkNode says; over xDS, its envoy node's id and
 	// the string fields of its metadata (istiod: GENERATOR, ISTIO_VERSION, ...).
 	NodeID      string            `json:"nodeId"`

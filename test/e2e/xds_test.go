@@ -147,8 +147,8 @@ func TestXDSSinkUnauthenticatedListedByItsRules(t *testing.T) {
 		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
 		return len(sinks) == 1 && sinks[0].Collections[vs] != nil && sinks[0].Collections[vs].AckedVersion > 0
 	})
-	if s := sinks[0]; s.Protocol != "xds" || s.Identity != "" || strings.Join(s.Rules, ",") != "istiod-east" {
-		t.Errorf("/api/sinks lists %+v, want the xds sink without identity, rules [istiod-east]", s)
+	if s := sinks[0]; s.Protocol != "xds" || s.Identity != "" || !s.Unauthenticated || strings.Join(s.Rules, ",") != "istiod-east" {
+		t.Errorf("/api/sinks lists %+v, want the xds sink unauthenticated, without identity, rules [istiod-east]", s)
 	}
 	run := hubCLI(t, admin)
 	if out := run("why", "vs", "shop/cart"); !strings.Contains(out, "over xds (-, node "+istiodNodeID+", rules istiod-east): up to date") {

@@ -31,7 +31,7 @@ import (
 const td = "mesh.test"
 
 // vsFile is a VirtualService file istiod accepts (it drops one without routes).
-func vsFile(t *testing.T, dir, name, ns, host string) {
+func vsFile(t testing.TB, dir, name, ns, host string) {
 	t.Helper()
 	y := vsObject(name, ns, host)
 	tmp := filepath.Join(dir, "."+name+".tmp")
@@ -56,7 +56,7 @@ spec:
 
 // freeAddr is a loopback address that was free a moment ago: the relay must come back on
 // the address istiod was given.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,7 +73,7 @@ type hubProcess struct {
 	addrs map[string]string // listener -> bound address, from its "listening" log lines
 }
 
-func startHubProcess(t *testing.T, cfg *hub.Config, dir string) *hubProcess {
+func startHubProcess(t testing.TB, cfg *hub.Config, dir string) *hubProcess {
 	t.Helper()
 	cfg.HTTP = "127.0.0.1:0"
 	if err := cfg.Validate(); err != nil {
@@ -102,7 +102,7 @@ func startHubProcess(t *testing.T, cfg *hub.Config, dir string) *hubProcess {
 }
 
 // addr waits for the listener's bound address.
-func (h *hubProcess) addr(t *testing.T, listener string) string {
+func (h *hubProcess) addr(t testing.TB, listener string) string {
 	t.Helper()
 	var a string
 	testwait.For(t, 30*time.Second, "the hub's "+listener+" listener", func() bool {
@@ -140,57 +140,74 @@ func (h *hubProcess) ready() bool {
 // gets what the unauthenticated rule gives it. Both follow an update and a deletion, never
 // hold the object the ACL refused, and the relayed istiod's store does not change when the
 // hub's process is killed, nor when east's minion restarts while the hub is down.
-func TestIstiodSecurePaths(t *testing.T) {
+// secureWorld is a hub (a process) with mutual TLS to two minions, no insecure anywhere:
+// east's minion reads files and runs a relay (server TLS, a state file), west's reads a real
+// kube-apiserver with the deployed RBAC. Its istiods connect through the relay or at the
+// hub's serveUnauthenticated listener, over TLS mode SIMPLE.
+type secureWorld struct {
+	env        *kubetest.Env
+	hub        *hubProcess
+	bundle     string
+	files      func(prefix string, names ...string) meshtls.Files
+	east       string // east's directory
+	relayAddr  string
+	eastMinion *minion.Minion
+	minionCfg  func(cluster, source string, relay bool) *minion.Config
+	startMin   func(mc *minion.Config) (*minion.Minion, *minion.Telemetry, func())
+	stopEast   func()
+}
+
+// startSecureWorld runs it with routing rules, once the hub is ready and east's relay whole.
+func startSecureWorld(t testing.TB, rules []routing.Rule) *secureWorld {
+	t.Helper()
 	root, err := testbin.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, minionSA := kubetest.StartForMinion(t, root)
+	w := &secureWorld{}
+	var minionSA kubetest.Identity
+	w.env, minionSA = kubetest.StartForMinion(t, root)
 	dir := t.TempDir()
 	ca := tlstest.NewCA(t, "mesh-ca")
-	bundle := filepath.Join(dir, "ca.crt")
-	tlstest.WriteBundle(t, bundle, ca)
-	files := func(prefix string, names ...string) meshtls.Files {
+	w.bundle = filepath.Join(dir, "ca.crt")
+	tlstest.WriteBundle(t, w.bundle, ca)
+	w.files = func(prefix string, names ...string) meshtls.Files {
 		c, k, _ := ca.Issue(t, dir, prefix, names...)
-		return meshtls.Files{Cert: c, Key: k, CA: bundle}
+		return meshtls.Files{Cert: c, Key: k, CA: w.bundle}
 	}
 
 	cfg := hub.Defaults()
 	cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.ServeUnauthenticated = "127.0.0.1:0", "127.0.0.1:0", "", "127.0.0.1:0"
-	cfg.TLS = &meshtls.Config{Files: files("hub", "127.0.0.1", "spiffe://"+td+"/hub/h1")}
+	cfg.TLS = &meshtls.Config{Files: w.files("hub", "127.0.0.1", "spiffe://"+td+"/hub/h1")}
 	cfg.TrustDomain = td
 	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Namespaces: []string{"shop"}, Hosts: []string{"*"}}, {Name: "west", Namespaces: []string{"pay"}, Hosts: []string{"*"}}}
-	cfg.Routing = routing.Config{Rules: []routing.Rule{
-		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east"}},
-		{Name: "direct-istiod", Unauthenticated: true, NodeIDs: []string{"*"}, Clusters: []string{"west"}},
-	}}
+	cfg.Routing = routing.Config{Rules: rules}
 	cfg.WarmUp = hub.Duration{Duration: time.Hour}
-	h := startHubProcess(t, cfg, dir)
-	ingest := h.addr(t, "ingest")
+	w.hub = startHubProcess(t, cfg, dir)
+	ingest := w.hub.addr(t, "ingest")
 
-	east := t.TempDir()
-	vsFile(t, east, "cart", "shop", "cart.shop.example.com")
-	vsFile(t, east, "hijack", "pay", "hijack.pay.example.com") // not east's namespace: refused
-	// West's minion reads the kube-apiserver (the same one istiod uses for its registry),
-	// with the deployed minion's RBAC.
-	env.CreateNamespace("pay")
-	env.Apply(vsObject("api", "pay", "api.pay.example.com"))
-	relayAddr, state := freeAddr(t), filepath.Join(t.TempDir(), "relay.db")
-	relayTLS := files("relay", "127.0.0.1")
-	minionCfg := func(cluster, source string, relay bool) *minion.Config {
+	w.east = t.TempDir()
+	vsFile(t, w.east, "cart", "shop", "cart.shop.example.com")
+	vsFile(t, w.east, "hijack", "pay", "hijack.pay.example.com") // not east's namespace: refused
+	w.env.CreateNamespace("pay")
+	w.env.Apply(vsObject("api", "pay", "api.pay.example.com"))
+	w.relayAddr = freeAddr(t)
+	state := filepath.Join(t.TempDir(), "relay.db")
+	relayTLS := w.files("relay", "127.0.0.1")
+	w.minionCfg = func(cluster, source string, relay bool) *minion.Config {
 		mc := minion.Defaults()
 		mc.Cluster, mc.HTTP = cluster, ""
 		mc.Sources = []minion.SourceConfig{{URL: source}}
 		mc.Collections = []string{vsColl}
-		mc.TLS = &meshtls.Config{Files: files("minion-"+cluster, hub.ClusterIdentity(td, cluster))}
+		mc.TLS = &meshtls.Config{Files: w.files("minion-"+cluster, hub.ClusterIdentity(td, cluster))}
 		mc.Destinations.Push = []string{"push://" + ingest}
 		mc.Destinations.Backoff = ops.Backoff{Initial: ops.D(20 * time.Millisecond), Max: ops.D(300 * time.Millisecond)}
 		if relay {
-			mc.Relay = &minion.RelayConfig{Listen: relayAddr, TLS: &relayTLS, StateFile: state}
+			mc.Relay = &minion.RelayConfig{Listen: w.relayAddr, TLS: &relayTLS, StateFile: state}
 		}
 		return mc
 	}
-	startMinion := func(mc *minion.Config) (*minion.Minion, *minion.Telemetry, func()) {
+	w.startMin = func(mc *minion.Config) (*minion.Minion, *minion.Telemetry, func()) {
 		tel := minion.NewTelemetry()
 		m, err := minion.New(mc, testlog.New(t).With("side", "minion-"+mc.Cluster), tel)
 		if err != nil {
@@ -198,16 +215,30 @@ func TestIstiodSecurePaths(t *testing.T) {
 		}
 		return m, tel, testrun.Start(t, "minion Run", m.Run)
 	}
-	eastMinion, _, stopEast := startMinion(minionCfg("east", "fs://"+east, true))
-	startMinion(minionCfg("west", "k8s://"+env.Kubeconfig(minionSA), false))
-	testwait.For(t, 20*time.Second, "hub ready", h.ready)
-	testwait.For(t, 20*time.Second, "east's relay whole", eastMinion.Relay().Ready)
+	w.eastMinion, _, w.stopEast = w.startMin(w.minionCfg("east", "fs://"+w.east, true))
+	w.startMin(w.minionCfg("west", "k8s://"+w.env.Kubeconfig(minionSA), false))
+	testwait.For(t, 20*time.Second, "hub ready", w.hub.ready)
+	testwait.For(t, 20*time.Second, "east's relay whole", w.eastMinion.Relay().Ready)
+	return w
+}
 
-	simple := &istiodtest.TLSSettings{CACertFile: bundle}
-	relayed := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + relayAddr, TLS: simple})
-	direct := istiodtest.Start(t, istiodtest.Options{Kubeconfig: env.Kubeconfig(env.Admin), ConfigSource: "xds://" + h.addr(t, "serveUnauthenticated"), TLS: simple})
+// istiods starts an istiod behind east's relay and one at serveUnauthenticated, both ready.
+func (w *secureWorld) istiods(t testing.TB) (relayed, direct *istiodtest.Istiod) {
+	t.Helper()
+	simple := &istiodtest.TLSSettings{CACertFile: w.bundle}
+	relayed = istiodtest.Start(t, istiodtest.Options{Kubeconfig: w.env.Kubeconfig(w.env.Admin), ConfigSource: "xds://" + w.relayAddr, TLS: simple})
+	direct = istiodtest.Start(t, istiodtest.Options{Kubeconfig: w.env.Kubeconfig(w.env.Admin), ConfigSource: "xds://" + w.hub.addr(t, "serveUnauthenticated"), TLS: simple})
 	relayed.WaitReady(t, 3*time.Minute)
 	direct.WaitReady(t, 3*time.Minute)
+	return relayed, direct
+}
+
+func TestIstiodSecurePaths(t *testing.T) {
+	w := startSecureWorld(t, []routing.Rule{
+		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east"}},
+		{Name: "direct-istiod", Unauthenticated: true, NodeIDs: []string{"*"}, Clusters: []string{"west"}},
+	})
+	relayed, direct := w.istiods(t)
 	waitKeys := func(i *istiodtest.Istiod, what string, want ...string) istiodtest.Configz {
 		t.Helper()
 		var last istiodtest.Configz
@@ -228,18 +259,18 @@ func TestIstiodSecurePaths(t *testing.T) {
 	waitKeys(direct, "the direct istiod holding west's subset", "pay/api")
 
 	// An update and a deletion reach the relayed istiod; a new object the direct one.
-	vsFile(t, east, "basket", "shop", "basket.shop.example.com")
+	vsFile(t, w.east, "basket", "shop", "basket.shop.example.com")
 	waitKeys(relayed, "shop/basket relayed", "shop/basket", "shop/cart")
-	if err := os.Remove(filepath.Join(east, "shop-cart.yaml")); err != nil {
+	if err := os.Remove(filepath.Join(w.east, "shop-cart.yaml")); err != nil {
 		t.Fatal(err)
 	}
 	waitKeys(relayed, "shop/cart's deletion relayed", "shop/basket")
-	env.Apply(vsObject("web", "pay", "web.pay.example.com"))
+	w.env.Apply(vsObject("web", "pay", "web.pay.example.com"))
 	waitKeys(direct, "pay/web served directly", "pay/api", "pay/web")
 
 	// The hub's process is killed (SIGKILL): the relayed istiod's store does not change.
 	before := waitKeys(relayed, "the relayed istiod settled", "shop/basket").Objects()
-	h.proc.Kill()
+	w.hub.proc.Kill()
 	sameStore := func(what string) {
 		t.Helper()
 		for range 5 {
@@ -257,8 +288,8 @@ func TestIstiodSecurePaths(t *testing.T) {
 
 	// East's minion restarts while the hub is down: istiod reconnects to the relay, which
 	// serves its kept state, and istiod's store does not change.
-	stopEast()
-	restarted, tel, _ := startMinion(minionCfg("east", "fs://"+east, true))
+	w.stopEast()
+	restarted, tel, _ := w.startMin(w.minionCfg("east", "fs://"+w.east, true))
 	testwait.For(t, 10*time.Second, "the restarted relay serving its kept state", func() bool { return restarted.Relay().Addr() != "" && restarted.Relay().Ready() })
 	testwait.For(t, time.Minute, "istiod reconnected to the restarted relay", func() bool {
 		return promtest.Sum(t, tel.Registry, "meshfed_mcp_streams_open", map[string]string{"role": "source", "transport": "server"}) >= 1
