@@ -205,7 +205,9 @@ func (h *Hub) Run(ctx context.Context) error {
 	}
 	ingest := grpc.NewServer(serverOpts(h.creds)...)
 	mcp.NewSinkServer(h.newMinionSink, h.serverConfig(h.authenticateCluster)).Register(ingest)
-	relays := &ingestSource{h: h, relay: mcp.NewSourceServer(h.source, h.serverConfig(h.authenticateRelay))}
+	rc := h.serverConfig(h.authenticateRelay)
+	rc.Listener = relayListener
+	relays := &ingestSource{h: h, relay: mcp.NewSourceServer(h.source, rc)}
 	mcppb.RegisterResourceSourceServer(ingest, relays)
 	healthpb.RegisterHealthServer(ingest, h.health)
 	serve, err := h.serveServer(serverOpts(h.creds), h.serverConfig(h.authenticateSink))

@@ -17,6 +17,10 @@ import (
 // another there): a stream goes to the layer's server when the layer accepts its peer's
 // identity, and is a relay otherwise.
 
+// relayListener marks the relays' streams (mcp.ServerConfig.Listener): routing selects them
+// only by rules that name identities.
+const relayListener = "ingest-relay"
+
 // layerPeers is a Layer's ResourceSource on the ingest listener and the identities it
 // takes.
 type layerPeers struct {

@@ -45,6 +45,7 @@ func (c *compiled) streamSink(info *mcp.StreamInfo) routing.Sink {
 	node := info.Node()
 	s := c.sink(info.Identity, node.GetId(), node.GetAnnotations())
 	s.Unauthenticated = info.Unauthenticated
+	s.Relay = info.Listener == relayListener
 	return s
 }
 

@@ -43,6 +43,9 @@ type ServerConfig struct {
 	// (StreamInfo.Unauthenticated), for a listener that asks peers for no credentials;
 	// Authenticate still runs (it may refuse) and its identity is ignored.
 	Unauthenticated bool
+	// Listener names the server's listener in StreamInfo.Listener, for a store that serves
+	// several kinds of peers (the hub: sinks, and minions' relays on its ingest listener).
+	Listener string
 	// Logger for refusals. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, or nil for none.
@@ -106,6 +109,7 @@ func (a *admission) admit(ctx context.Context, role string) (*StreamInfo, error)
 	}
 	info := newStreamInfo(role, "server", addr, identity)
 	info.Unauthenticated = a.cfg.Unauthenticated
+	info.Listener = a.cfg.Listener
 	if md, ok := metadata.FromIncomingContext(ctx); ok && mdResumes(md) {
 		info.setResumes()
 	}

@@ -124,6 +124,9 @@ type StreamInfo struct {
 	// (ServerConfig.Unauthenticated); Identity is empty and what the peer says of itself is
 	// only a claim.
 	Unauthenticated bool
+	// Listener is the admitting server's ServerConfig.Listener ("" for a stream this side
+	// dialed).
+	Listener string
 
 	mu      sync.Mutex
 	node    *mcppb.SinkNode

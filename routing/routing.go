@@ -74,6 +74,10 @@ type Sink struct {
 	// Unauthenticated: the sink has no authenticated identity; only Unauthenticated rules
 	// select it.
 	Unauthenticated bool
+	// Relay: the sink is a minion's relay, subscribing with its cluster's identity; only
+	// rules that name identities select it (a node id or annotation pattern meant for sinks
+	// must not give a cluster what a sink of the same name gets), never the default.
+	Relay bool
 }
 
 // rule is a compiled Rule.
@@ -197,7 +201,7 @@ func (t *Table) Select(s Sink) *Subset {
 			chosen = append(chosen, r)
 		}
 	}
-	if len(chosen) == 0 && t.def != nil && !s.Unauthenticated {
+	if len(chosen) == 0 && t.def != nil && !s.Unauthenticated && !s.Relay {
 		chosen = []*rule{t.def}
 	}
 	names := make([]string, len(chosen))
@@ -254,7 +258,7 @@ func (t *Table) SubsetByKey(key string) (*Subset, bool) {
 }
 
 func (r *rule) selects(s Sink) bool {
-	if r.unauthenticated != s.Unauthenticated {
+	if r.unauthenticated != s.Unauthenticated || s.Relay && len(r.identities) == 0 {
 		return false
 	}
 	if !anyMatch(r.identities, s.Identity) || !anyMatch(r.nodeIDs, s.NodeID) {

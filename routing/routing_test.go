@@ -162,6 +162,34 @@ func TestUnauthenticatedSinks(t *testing.T) {
 	}
 }
 
+// A relay (a cluster subscribing for its istiod) is selected only by rules that name
+// identities: a node id pattern meant for a sink of the same name does not give it anything,
+// nor does the default.
+func TestRelaysOnlyByIdentity(t *testing.T) {
+	tab, err := New(Config{
+		Rules: []Rule{
+			{Name: "sink-east", NodeIDs: []string{"east"}},
+			{Name: "east-relay", Identities: []string{"spiffe://td/cluster/east"}},
+		},
+		Default: &Rule{Name: "everything"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		sink Sink
+		want string
+	}{
+		{Sink{Identity: "spiffe://td/cluster/east", NodeID: "east", Relay: true}, "east-relay"},
+		{Sink{Identity: "spiffe://td/cluster/west", NodeID: "west", Relay: true}, ""},
+		{Sink{Identity: "spiffe://td/sink/east", NodeID: "east"}, "sink-east"},
+	} {
+		if got := tab.Select(tc.sink).Key(); got != tc.want {
+			t.Errorf("Select(%+v) = %q, want %q", tc.sink, got, tc.want)
+		}
+	}
+}
+
 func TestGlob(t *testing.T) {
 	for _, tc := range []struct {
 		p, s string

@@ -28,9 +28,13 @@ import (
 func TestRelaySubscribesOnIngest(t *testing.T) {
 	p := newPKI(t)
 	cfg := p.hubConfig(t)
-	cfg.Routing = routing.Config{Rules: []routing.Rule{
-		{Name: "east-gets-west", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
-	}}
+	cfg.Routing = routing.Config{
+		Rules: []routing.Rule{
+			{Name: "east-gets-west", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
+			{Name: "sink-named-east", NodeIDs: []string{"east"}, Clusters: []string{"east"}}, // for a sink called east: not the relay
+		},
+		Default: &routing.Rule{Name: "everything"}, // not for relays either
+	}
 	h := tlsEastWest(t, p, cfg)
 	ingest, _, _ := h.Addrs()
 
