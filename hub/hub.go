@@ -216,6 +216,8 @@ func (h *Hub) Run(ctx context.Context) error {
 	}
 	servers := []server{{"ingest", h.cfg.Ingest, ingest, &h.ingestAddr}, {"serve", h.cfg.Serve, serve, &h.serveAddr}}
 	if h.cfg.ServeUnauthenticated != "" {
+		h.log.Warn("serveUnauthenticated is on: anyone who reaches it is served what the unauthenticated rules give the node id and annotations it claims (each admission is logged at debug and listed in /api/sinks)",
+			"addr", h.cfg.ServeUnauthenticated)
 		sc := h.serverConfig(h.authenticateUnauthenticatedSink)
 		sc.Unauthenticated = true
 		open, err := h.serveServer(serverOpts(h.serverOnlyCreds), sc)

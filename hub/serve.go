@@ -96,7 +96,7 @@ func (h *Hub) authenticateUnauthenticatedSink(ctx context.Context) (string, erro
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	h.log.Warn("admitting a sink without a client certificate: its node id and annotations are only what it claims", "peer", addr)
+	h.log.Debug("admitting a sink without a client certificate: its node id and annotations are only what it claims", "peer", addr)
 	return "", nil
 }
 

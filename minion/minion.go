@@ -175,6 +175,15 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 	return m, nil
 }
 
+// claim adds, in development mode (no TLS to prove it), the identity this minion claims to
+// the hub.
+func (m *Minion) claim(ctx context.Context) context.Context {
+	if m.tlsOn {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, mcp.DevIdentityHeader, m.cfg.Cluster)
+}
+
 // Relay returns the relay, or nil without one.
 func (m *Minion) Relay() *Relay { return m.relay }
 
@@ -289,8 +298,20 @@ func (m *Minion) Run(ctx context.Context) error {
 		g.Go(func() error { return s.Run(ctx) })
 	}
 	if m.relay != nil {
+		// The relay serves and follows the hub from the start, whether or not this minion's
+		// own sources have synced: istiod depends on it, not on them.
+		if err := m.relay.open(); err != nil {
+			return err
+		}
 		defer m.relay.close()
 		g.Go(func() error { return m.relay.serve(ctx) })
+		addrs, _ := parsePushURL(m.cfg.Destinations.Push[0])
+		g.Go(func() error {
+			mcp.Redial(ctx, addrs, m.clientCreds, backoff(m.cfg.Destinations.Backoff), m.relay.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+				return m.relay.sink.PullFrom(m.claim(ctx), conn)
+			})
+			return nil
+		})
 	}
 	g.Go(func() error {
 		if !m.waitSynced(ctx) {
@@ -348,12 +369,8 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		g.Go(func() error { return srv.Serve(lis) })
 		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
-	for i, p := range m.cfg.Destinations.Push {
+	for _, p := range m.cfg.Destinations.Push {
 		addrs, _ := parsePushURL(p)
-		relay := m.relay
-		if i > 0 {
-			relay = nil // the relay follows the first hub only
-		}
 		if !m.tlsOn {
 			m.log.Warn("pushing to the hub without TLS (development mode)", "addrs", addrs)
 		}
@@ -361,20 +378,8 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 			mcp.Redial(ctx, addrs, m.clientCreds, backoff(m.cfg.Destinations.Backoff), m.log, m.onAttemptEnd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				if !m.tlsOn {
 					m.log.Warn("insecure: connecting to the hub without TLS", "addr", conn.Target())
-					// Tell a hub in insecure mode who we claim to be.
-					ctx = metadata.AppendToOutgoingContext(ctx, mcp.DevIdentityHeader, m.cfg.Cluster)
 				}
-				if relay == nil {
-					return m.src.PushTo(ctx, conn)
-				}
-				// The relay's stream rides on the push stream's connection, for as long as it lasts.
-				ctx, cancel := context.WithCancel(ctx)
-				done := make(chan struct{})
-				go func() { defer close(done); relay.follow(ctx, conn, m.cfg.Destinations.Backoff) }()
-				err := m.src.PushTo(ctx, conn)
-				cancel()
-				<-done
-				return err
+				return m.src.PushTo(m.claim(ctx), conn)
 			})
 			return nil
 		})

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -49,6 +48,11 @@ type RelayConfig struct {
 	// (what istiod asks for).
 	Collections []string `json:"collections,omitempty"`
 }
+
+// relayMaxMessageSize is the largest push the relay takes from the hub (the hub's own ingest
+// limit: a hub configured with a maxMessageSize above gRPC's default 4 MiB must not make
+// every push fail).
+const relayMaxMessageSize = 64 << 20
 
 // relayStateOpenTimeout bounds the wait for the state file's lock (another minion holding it).
 const relayStateOpenTimeout = 5 * time.Second
@@ -86,41 +90,50 @@ func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Log
 		}
 		r.creds = credentials.NewTLS(ts.ServerOnlyConfig())
 	}
-	if cfg.StateFile != "" {
-		db, err := bolt.Open(cfg.StateFile, 0o600, &bolt.Options{Timeout: relayStateOpenTimeout})
-		if err != nil {
-			return nil, fmt.Errorf("relay.stateFile: %w", err)
-		}
-		r.db = db
-		whole, n, err := r.load(colls)
-		if err != nil {
-			db.Close()
-			return nil, fmt.Errorf("relay.stateFile %s: %w", cfg.StateFile, err)
-		}
-		if whole {
-			r.ready.Store(true)
-			r.log.Info("serving the last state received from the hub until it answers", "file", cfg.StateFile, "resources", n)
-		}
-	}
 	var err error
 	r.sink, err = mcp.NewSink(mcp.SinkOptions{
 		Collections:     colls,
 		Node:            &mcppb.SinkNode{Id: cluster}, // the name in its certificate, which the hub routes by
 		Applier:         mcp.ApplierFunc(r.apply),
 		InitialVersions: r.versions,
-		Logger:          r.log,
-		Metrics:         mm,
+		// The hub's pushes are its whole subset for the cluster: take what it may send.
+		MaxMessageSize: relayMaxMessageSize,
+		Logger:         r.log,
+		Metrics:        mm,
 	})
 	if err != nil {
-		r.close()
 		return nil, err
 	}
 	return r, nil
 }
 
+// open opens the state file (held until close: one minion at a time) and serves what it
+// holds at once if it is whole.
+func (r *Relay) open() error {
+	if r.cfg.StateFile == "" {
+		return nil
+	}
+	db, err := bolt.Open(r.cfg.StateFile, 0o600, &bolt.Options{Timeout: relayStateOpenTimeout})
+	if err != nil {
+		return fmt.Errorf("relay.stateFile: %w", err)
+	}
+	r.db = db
+	whole, n, err := r.load()
+	if err != nil {
+		r.close()
+		return fmt.Errorf("relay.stateFile %s: %w", r.cfg.StateFile, err)
+	}
+	if whole {
+		r.ready.Store(true)
+		r.log.Info("serving the last state received from the hub until it answers", "file", r.cfg.StateFile, "resources", n)
+	}
+	return nil
+}
+
 func (r *Relay) close() {
 	if r.db != nil {
 		_ = r.db.Close()
+		r.db = nil
 	}
 }
 
@@ -177,24 +190,28 @@ func (r *Relay) versions(collection string) map[string]string {
 	return out
 }
 
-// apply keeps a push from the hub: in the file first (so what is served is never newer than
-// what a restart would serve), then served.
+// apply keeps a push from the hub: in the file first, then served, so a restart never
+// serves a state older than what istiod last saw. A push that cannot be kept is refused and
+// the stream ended: on the next one the relay declares what it holds, and the hub resends.
 func (r *Relay) apply(_ context.Context, c *mcp.Change) error {
 	if err := r.persist(c); err != nil {
-		r.log.Error("cannot keep the relayed state; serving it anyway", "collection", c.Collection, "err", err)
+		r.log.Error("cannot keep the relayed state; not serving this push, resubscribing", "collection", c.Collection, "err", err)
+		c.Stream.Close()
+		return fmt.Errorf("relay state file: %w", err)
 	}
 	if c.Incremental {
 		r.cache.Update(c.Collection, c.Entries, c.Removed)
 	} else {
 		r.cache.Replace(c.Collection, c.Entries)
 	}
-	if !r.ready.Load() && !c.More && r.delivered(c.Collection) {
+	if !c.More && r.delivered(c.Collection) && !r.ready.Load() {
 		r.markWhole()
 	}
 	return nil
 }
 
-// delivered records that collection arrived whole and reports whether every collection has.
+// delivered records that collection arrived whole from the hub and reports whether every
+// collection has.
 func (r *Relay) delivered(collection string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -208,7 +225,8 @@ func (r *Relay) delivered(collection string) bool {
 }
 
 // markWhole records that every collection has been received whole: from now on the relay
-// serves, and so would a restart before the hub answers.
+// serves, and so would a restart before the hub answers, as long as it relays the same
+// collections.
 func (r *Relay) markWhole() {
 	if r.db != nil {
 		if err := r.db.Update(func(tx *bolt.Tx) error {
@@ -216,7 +234,7 @@ func (r *Relay) markWhole() {
 			if err != nil {
 				return err
 			}
-			return b.Put(wholeKey, []byte("1"))
+			return b.Put(wholeKey, []byte(r.collectionSet()))
 		}); err != nil {
 			r.log.Error("cannot mark the relayed state whole", "err", err)
 		}
@@ -225,12 +243,17 @@ func (r *Relay) markWhole() {
 	r.log.Info("relaying the hub's state for this cluster")
 }
 
+// collectionSet names the relayed collections, as the whole marker records them.
+func (r *Relay) collectionSet() string { return strings.Join(r.cache.Collections(), ",") }
+
 var (
 	metaBucket = []byte("meta")
 	wholeKey   = []byte("whole")
 )
 
-func collectionBucket(c string) []byte { return []byte("collection/" + c) }
+const collectionPrefix = "collection/"
+
+func collectionBucket(c string) []byte { return []byte(collectionPrefix + c) }
 
 func (r *Relay) persist(c *mcp.Change) error {
 	if r.db == nil {
@@ -261,13 +284,32 @@ func (r *Relay) persist(c *mcp.Change) error {
 	})
 }
 
-// load serves what the file holds of colls; whole reports whether it was marked whole.
-func (r *Relay) load(colls []string) (whole bool, n int, err error) {
-	err = r.db.View(func(tx *bolt.Tx) error {
-		if m := tx.Bucket(metaBucket); m != nil && string(m.Get(wholeKey)) == "1" {
+// load serves what the file holds; whole reports whether it was marked whole for the
+// collections relayed now. Collections no longer relayed are dropped from the file.
+func (r *Relay) load() (whole bool, n int, err error) {
+	relayed := map[string]bool{}
+	for _, c := range r.cache.Collections() {
+		relayed[string(collectionBucket(c))] = true
+	}
+	err = r.db.Update(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(metaBucket); m != nil && string(m.Get(wholeKey)) == r.collectionSet() {
 			whole = true
 		}
-		for _, c := range colls {
+		var stale [][]byte
+		if err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			if strings.HasPrefix(string(name), collectionPrefix) && !relayed[string(name)] {
+				stale = append(stale, append([]byte(nil), name...))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, name := range stale {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+		}
+		for _, c := range r.cache.Collections() {
 			b := tx.Bucket(collectionBucket(c))
 			if b == nil {
 				continue
@@ -350,29 +392,4 @@ func (r *Relay) relays(collection string) bool {
 		}
 	}
 	return false
-}
-
-// follow keeps the relay's stream to the hub up on conn (the minion's connection to the
-// ingest listener) until ctx ends, waiting between attempts with backoff: the hub refuses a
-// relay while it warms up, and that must not end the push stream on the same connection.
-func (r *Relay) follow(ctx context.Context, conn grpc.ClientConnInterface, b ops.Backoff) {
-	delay := b.Initial.Duration
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := r.sink.PullFrom(ctx, conn)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) >= mcp.HealthyStream {
-			delay = b.Initial.Duration
-		}
-		wait := time.Duration(rand.Int64N(int64(delay) + 1))
-		r.log.Warn("relay stream ended; resubscribing", "err", err, "retry_in", wait.Round(time.Millisecond).String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		delay = min(delay*2, b.Max.Duration)
-	}
 }

@@ -86,3 +86,41 @@ func TestRefusedConfigurationOnce(t *testing.T) {
 		t.Errorf("%d refusals logged, %v counted; want 1 and 1", n, got)
 	}
 }
+
+// A minion with a relay state file reloads its configuration: the state file is held by a
+// running minion only, so the next one (built while the first still runs) can open it.
+func TestReloadWithRelayStateFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "minion.yaml")
+	conf := func(cluster string) string {
+		return "cluster: " + cluster + "\nsources: [{url: 'fs://" + dir + "'}]\ndestinations: {push: ['push://127.0.0.1:1']}\nhttp: ''\ninsecure: true\n" +
+			"relay: {listen: '127.0.0.1:0', stateFile: '" + filepath.Join(dir, "relay.db") + "'}\n"
+	}
+	write(t, dir, "minion.yaml", conf("east"))
+	tel := NewTelemetry()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- RunWithReload(ctx, path, testLog(t), tel) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunWithReload: %v", err)
+		}
+	}()
+	reloads := func(result string) float64 {
+		return metricValue(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": result})
+	}
+	waitFor(t, 10*time.Second, "the first minion holding the state file", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "relay.db"))
+		return err == nil
+	})
+	write(t, dir, "minion.yaml", conf("west"))
+	waitFor(t, 20*time.Second, "the reload applied", func() bool { return reloads("applied") >= 1 })
+	// Had the new configuration not opened the state file, it would have gone back to the
+	// previous one and counted a refusal, before the next change is taken.
+	write(t, dir, "minion.yaml", conf("north"))
+	waitFor(t, 20*time.Second, "a second reload applied", func() bool { return reloads("applied") >= 2 })
+	if n := reloads("refused"); n != 0 {
+		t.Errorf("%v reloads refused, want 0", n)
+	}
+}

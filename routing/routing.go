@@ -41,6 +41,10 @@ type Rule struct {
 	// certificate), by the node id and annotations they claim; no other rule, and not the
 	// default, selects such sinks. It cannot name identities.
 	Unauthenticated bool `json:"unauthenticated,omitempty"`
+	// Relays: the rule selects only minions' relays (a cluster subscribing, with its
+	// identity, for its own istiod), e.g. identities: [spiffe://<td>/cluster/east]; no
+	// other rule, and not the default, selects a relay.
+	Relays bool `json:"relays,omitempty"`
 
 	// Collections are patterns on collection names ("istio/networking/*").
 	Collections []string `json:"collections,omitempty"`
@@ -75,8 +79,8 @@ type Sink struct {
 	// select it.
 	Unauthenticated bool
 	// Relay: the sink is a minion's relay, subscribing with its cluster's identity; only
-	// rules that name identities select it (a node id or annotation pattern meant for sinks
-	// must not give a cluster what a sink of the same name gets), never the default.
+	// Relays rules select it (a rule written for sinks, even one matching every identity,
+	// must not give a cluster what it gives them), never the default.
 	Relay bool
 }
 
@@ -84,6 +88,7 @@ type Sink struct {
 type rule struct {
 	name                  string
 	unauthenticated       bool
+	relays                bool
 	identities, nodeIDs   []glob
 	annotations           map[string]glob
 	collections, clusters []glob
@@ -128,8 +133,8 @@ func New(cfg Config) (*Table, error) {
 		if seen[d.Name] {
 			return nil, fmt.Errorf("default.name: %q is also a rule's name", d.Name)
 		}
-		if d.Unauthenticated {
-			return nil, fmt.Errorf("default.unauthenticated: the default never serves sinks without an identity; give them a rule of their own")
+		if d.Unauthenticated || d.Relays {
+			return nil, fmt.Errorf("default: the default never serves sinks without an identity nor relays; give them rules of their own")
 		}
 		d.Identities, d.NodeIDs, d.Annotations = nil, nil, nil
 		cr, err := compile("default", d)
@@ -142,9 +147,12 @@ func New(cfg Config) (*Table, error) {
 }
 
 func compile(field string, r Rule) (*rule, error) {
-	cr := &rule{name: r.Name, unauthenticated: r.Unauthenticated}
+	cr := &rule{name: r.Name, unauthenticated: r.Unauthenticated, relays: r.Relays}
 	if r.Unauthenticated && len(r.Identities) > 0 {
 		return nil, fmt.Errorf("%s.identities: an unauthenticated rule selects sinks that have no identity", field)
+	}
+	if r.Unauthenticated && r.Relays {
+		return nil, fmt.Errorf("%s: relays subscribe with their cluster's identity: a rule cannot be both unauthenticated and for relays", field)
 	}
 	var err error
 	if cr.identities, err = globs(field+".identities", r.Identities); err != nil {
@@ -258,7 +266,7 @@ func (t *Table) SubsetByKey(key string) (*Subset, bool) {
 }
 
 func (r *rule) selects(s Sink) bool {
-	if r.unauthenticated != s.Unauthenticated || s.Relay && len(r.identities) == 0 {
+	if r.unauthenticated != s.Unauthenticated || r.relays != s.Relay {
 		return false
 	}
 	if !anyMatch(r.identities, s.Identity) || !anyMatch(r.nodeIDs, s.NodeID) {

@@ -126,7 +126,8 @@ func TestNewErrorsNameTheField(t *testing.T) {
 		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, "default.name"},
 		{Config{Rules: []Rule{{Name: "a", Annotations: map[string]string{"": "x"}}}}, "rules[0].annotations: empty key"},
 		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Identities: []string{"*"}}}}, "rules[0].identities: an unauthenticated rule selects sinks that have no identity"},
-		{Config{Default: &Rule{Unauthenticated: true}}, "default.unauthenticated"},
+		{Config{Default: &Rule{Unauthenticated: true}}, "default: the default never serves"},
+		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Relays: true}}}, "rules[0]: relays subscribe with their cluster's identity"},
 	} {
 		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err = %v, want %q", tc.cfg, err, tc.want)
@@ -162,14 +163,15 @@ func TestUnauthenticatedSinks(t *testing.T) {
 	}
 }
 
-// A relay (a cluster subscribing for its istiod) is selected only by rules that name
-// identities: a node id pattern meant for a sink of the same name does not give it anything,
-// nor does the default.
-func TestRelaysOnlyByIdentity(t *testing.T) {
+// A relay (a cluster subscribing for its istiod) is selected only by rules for relays: a
+// rule written for sinks, even one matching every identity or a node id of the same name,
+// gives it nothing, nor does the default; a rule for relays selects no sink.
+func TestRelaysOnlyByRelayRules(t *testing.T) {
 	tab, err := New(Config{
 		Rules: []Rule{
 			{Name: "sink-east", NodeIDs: []string{"east"}},
-			{Name: "east-relay", Identities: []string{"spiffe://td/cluster/east"}},
+			{Name: "every-identity", Identities: []string{"*"}},
+			{Name: "east-relay", Relays: true, Identities: []string{"spiffe://td/cluster/east"}},
 		},
 		Default: &Rule{Name: "everything"},
 	})
@@ -182,7 +184,8 @@ func TestRelaysOnlyByIdentity(t *testing.T) {
 	}{
 		{Sink{Identity: "spiffe://td/cluster/east", NodeID: "east", Relay: true}, "east-relay"},
 		{Sink{Identity: "spiffe://td/cluster/west", NodeID: "west", Relay: true}, ""},
-		{Sink{Identity: "spiffe://td/sink/east", NodeID: "east"}, "sink-east"},
+		{Sink{Identity: "spiffe://td/sink/east", NodeID: "east"}, "every-identity,sink-east"},
+		{Sink{Identity: "spiffe://td/cluster/east", NodeID: "east"}, "every-identity,sink-east"},
 	} {
 		if got := tab.Select(tc.sink).Key(); got != tc.want {
 			t.Errorf("Select(%+v) = %q, want %q", tc.sink, got, tc.want)

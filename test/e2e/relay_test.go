@@ -30,8 +30,9 @@ func TestRelaySubscribesOnIngest(t *testing.T) {
 	cfg := p.hubConfig(t)
 	cfg.Routing = routing.Config{
 		Rules: []routing.Rule{
-			{Name: "east-gets-west", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
+			{Name: "east-gets-west", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
 			{Name: "sink-named-east", NodeIDs: []string{"east"}, Clusters: []string{"east"}}, // for a sink called east: not the relay
+			{Name: "every-sink", Identities: []string{"*"}, Clusters: []string{"east"}},      // a rule for sinks: not for relays
 		},
 		Default: &routing.Rule{Name: "everything"}, // not for relays either
 	}
@@ -65,7 +66,7 @@ func TestMinionRelay(t *testing.T) {
 	p := newPKI(t)
 	cfg := p.hubConfig(t)
 	cfg.Routing = routing.Config{Rules: []routing.Rule{
-		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east", "west"}},
+		{Name: "east-relay", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east", "west"}},
 	}}
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	h, err := hub.New(cfg, logger(t).With("side", "hub"), hub.Options{})
@@ -137,5 +138,35 @@ func TestMinionRelay(t *testing.T) {
 	waitFor(t, 10*time.Second, "the fresh relay listening", func() bool { return m3.Relay().Addr() != "" })
 	if err := openStream(t, m3.Relay().Addr(), insecure.NewCredentials(), true); status.Code(err) != codes.Unavailable {
 		t.Errorf("a relay without a state: %v, want Unavailable", err)
+	}
+}
+
+// The relay does not wait for its minion's own sources: with a source that never syncs
+// (an upstream that is not there), east publishes nothing, yet its relay follows the hub
+// and serves east's istiod what routing gives east.
+func TestRelayServesBeforeItsMinionSyncs(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.WarmUp = hub.Duration{Duration: time.Second} // east never syncs
+	cfg.Routing = routing.Config{Rules: []routing.Rule{
+		{Name: "east-gets-west", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
+	}}
+	h := runHub(t, cfg)
+	ingest, _, _ := h.Addrs()
+	west := t.TempDir()
+	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "west", west, ingest)
+
+	c, k, _ := p.ca.Issue(t, p.dir, "minion-east", hub.ClusterIdentity(td, "east"))
+	mc := minionConfig("east", "mcp://127.0.0.1:1", ingest)
+	mc.TLS, mc.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: c, Key: k, CA: p.bundle}}, false
+	mc.Relay = &minion.RelayConfig{Listen: "127.0.0.1:0", Collections: []string{vs, dr}}
+	m, _ := startMinion(t, mc)
+	waitFor(t, 20*time.Second, "east's relay serving west's VirtualService", func() bool {
+		st := m.Status().Relay
+		return st != nil && st.Serving && st.Objects[vs] == 1
+	})
+	if m.Ready() {
+		t.Error("east's minion is ready: its source never synced")
 	}
 }

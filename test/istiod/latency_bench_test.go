@@ -28,7 +28,7 @@ import (
 func BenchmarkChangeToIstiod(b *testing.B) {
 	const changes = 25
 	w := startSecureWorld(b, []routing.Rule{
-		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
+		{Name: "east-relay", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"west"}},
 		{Name: "direct-istiod", Unauthenticated: true, NodeIDs: []string{"*"}, Clusters: []string{"west"}},
 		{Name: "bench-sink", Identities: []string{hub.SinkIdentity(td, "bench")}, Clusters: []string{"west"}},
 	})

@@ -235,7 +235,7 @@ func (w *secureWorld) istiods(t testing.TB) (relayed, direct *istiodtest.Istiod)
 
 func TestIstiodSecurePaths(t *testing.T) {
 	w := startSecureWorld(t, []routing.Rule{
-		{Name: "east-relay", Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east"}},
+		{Name: "east-relay", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east"}},
 		{Name: "direct-istiod", Unauthenticated: true, NodeIDs: []string{"*"}, Clusters: []string{"west"}},
 	})
 	relayed, direct := w.istiods(t)
