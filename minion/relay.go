@@ -72,8 +72,11 @@ type Relay struct {
 	// streams counts the relay's open serving streams.
 	streams atomic.Int64
 
-	mu  sync.Mutex      // guards got
-	got map[string]bool // collections received whole from the hub
+	upstream atomic.Int64 // open streams to the hub
+
+	mu         sync.Mutex      // guards the following fields
+	got        map[string]bool // collections received whole from the hub on this stream
+	lastSynced time.Time       // when got last became complete
 }
 
 // newRelay opens the relay's state (serving it at once if it is whole) and its sink.
@@ -100,6 +103,7 @@ func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Log
 		MaxMessageSize: relayMaxMessageSize,
 		Logger:         r.log,
 		Metrics:        mm,
+		Hooks:          mcp.Hooks{StreamOpened: r.upstreamOpened, StreamClosed: r.upstreamClosed},
 	})
 	if err != nil {
 		return nil, err
@@ -161,15 +165,25 @@ type RelayStatus struct {
 	Objects map[string]int `json:"objects"`
 	// Streams: istiods (and other sinks) connected now.
 	Streams int `json:"streams"`
+	// HubConnected: the relay's stream to the hub is open; LastSynced is when every
+	// collection last arrived whole from the hub (unset since the start: the relay serves its
+	// kept state, or nothing).
+	HubConnected bool       `json:"hubConnected"`
+	LastSynced   *time.Time `json:"lastSynced,omitempty"`
 }
 
 // Status returns the relay's state.
 func (r *Relay) Status() RelayStatus {
-	st := RelayStatus{Addr: r.Addr(), Serving: r.ready.Load(), Objects: map[string]int{}, Streams: int(r.streams.Load())}
+	st := RelayStatus{Addr: r.Addr(), Serving: r.ready.Load(), Objects: map[string]int{}, Streams: int(r.streams.Load()),
+		HubConnected: r.upstream.Load() > 0}
 	r.mu.Lock()
 	st.FromHub = len(r.got) > 0
 	for _, c := range r.sink.Collections() {
 		st.FromHub = st.FromHub && r.got[c]
+	}
+	if !r.lastSynced.IsZero() {
+		t := r.lastSynced
+		st.LastSynced = &t
 	}
 	r.mu.Unlock()
 	for _, c := range r.cache.Collections() {
@@ -210,8 +224,8 @@ func (r *Relay) apply(_ context.Context, c *mcp.Change) error {
 	return nil
 }
 
-// delivered records that collection arrived whole from the hub and reports whether every
-// collection has.
+// delivered records that collection arrived whole from the hub on the current stream and
+// reports whether every collection has.
 func (r *Relay) delivered(collection string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -221,8 +235,20 @@ func (r *Relay) delivered(collection string) bool {
 			return false
 		}
 	}
+	r.lastSynced = time.Now()
 	return true
 }
+
+// upstreamOpened and upstreamClosed follow the relay's stream to the hub: a new stream
+// delivers every collection again before the relay counts as synced from it.
+func (r *Relay) upstreamOpened(*mcp.StreamInfo) {
+	r.upstream.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.got)
+}
+
+func (r *Relay) upstreamClosed(*mcp.StreamInfo, error) { r.upstream.Add(-1) }
 
 // markWhole records that every collection has been received whole: from now on the relay
 // serves, and so would a restart before the hub answers, as long as it relays the same

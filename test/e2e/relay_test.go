@@ -107,8 +107,8 @@ func TestMinionRelay(t *testing.T) {
 	}
 	istiod := follow(m.Relay().Addr())
 	waitFor(t, 10*time.Second, "istiod holding east's and west's VirtualServices through the relay", both(istiod))
-	if st := m.Status().Relay; st == nil || !st.Serving || !st.FromHub || st.Objects[vs] != 2 || st.Streams != 1 {
-		t.Errorf("relay status = %+v, want serving from the hub, 2 VirtualServices, 1 stream", st)
+	if st := m.Status().Relay; st == nil || !st.Serving || !st.FromHub || !st.HubConnected || st.LastSynced == nil || st.Objects[vs] != 2 || st.Streams != 1 {
+		t.Errorf("relay status = %+v, want serving from the connected hub, synced, 2 VirtualServices, 1 stream", st)
 	}
 	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com", "api2.pay.example.com"))
 	before := istiod.Versions(vs)["pay/api"]
@@ -126,8 +126,8 @@ func TestMinionRelay(t *testing.T) {
 	stopEast()
 	m2, _ := startMinion(t, eastCfg())
 	waitFor(t, 10*time.Second, "the restarted relay listening", func() bool { return m2.Relay().Addr() != "" })
-	if st := m2.Status().Relay; !st.Serving || st.FromHub || st.Objects[vs] != 2 {
-		t.Fatalf("restarted relay status = %+v, want serving its kept 2 VirtualServices, not from the hub", st)
+	if st := m2.Status().Relay; !st.Serving || st.FromHub || st.HubConnected || st.LastSynced != nil || st.Objects[vs] != 2 {
+		t.Fatalf("restarted relay status = %+v, want serving its kept 2 VirtualServices, the hub not connected", st)
 	}
 	waitFor(t, 10*time.Second, "istiod served by the restarted relay", both(follow(m2.Relay().Addr())))
 
