@@ -48,6 +48,14 @@ func (h *Hub) Why(collection, name string) api.Why {
 				}
 			}
 			w.Sinks = append(w.Sinks, ws)
+			for _, d := range s.Downstream {
+				rs := api.WhySink{Protocol: d.Protocol, NodeID: d.NodeID, BehindRelay: s.Stream}
+				if c := d.Collections[collection]; c != nil {
+					rs.UpToDate = ws.UpToDate && c.Acked == c.Pushed && c.Acked > 0 && c.NACK == ""
+					rs.NACK = c.NACK
+				}
+				w.Sinks = append(w.Sinks, rs)
+			}
 		}
 	}
 	return w

@@ -2,10 +2,12 @@ package hub
 
 import (
 	"context"
+	"encoding/json"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
 
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -53,4 +55,17 @@ func (h *Hub) authenticateRelay(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return h.authenticateCluster(ctx)
+}
+
+// relayed is what a relay last reported of the sinks it serves (nil if nothing readable).
+func relayed(info *mcp.StreamInfo) []api.RelayedSink {
+	v := info.LatestNode().GetAnnotations()[api.RelayedSinksAnnotation]
+	if v == "" {
+		return nil
+	}
+	var out []api.RelayedSink
+	if err := json.Unmarshal([]byte(v), &out); err != nil {
+		return nil
+	}
+	return out
 }

@@ -298,6 +298,9 @@ func (r *sinkRegistry) list(comp *compiled) []listedSink {
 		e.mu.Unlock()
 		n := e.info.Node()
 		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
+		if e.info.Listener == relayListener {
+			cp.Downstream = relayed(e.info)
+		}
 		sub := comp.routes.Select(comp.streamSink(e.info)) // as the serving router asks
 		cp.Rules = sub.Rules()
 		out = append(out, listedSink{cp, sub})

@@ -88,7 +88,15 @@ type SinkOptions struct {
 	Metrics *Metrics
 	// Hooks observe stream events. Optional.
 	Hooks Hooks
+	// Annotations, if set, are added to Node's in every request: what the sink reports as it
+	// goes (a relay: its downstream sinks). Report sends them at once to a peer that resumes.
+	Annotations func() map[string]string
 }
+
+// StatusNonce is the response_nonce of a request that only carries a report in its
+// SinkNode (Sink.Report): this engine's sources record the node and do nothing else; any
+// other source sees a stale nonce and ignores it.
+const StatusNonce = "meshfed-status"
 
 // Sink is the sink role of MCP: it requests collections, applies each push through its
 // Applier, and ACKs or NACKs it. One Sink may serve successive streams (reconnects); it keeps
@@ -96,9 +104,33 @@ type SinkOptions struct {
 type Sink struct {
 	opts SinkOptions
 
+	report chan struct{} // Report's wake-up of the stream being served
+
 	mu       sync.Mutex // guards the following fields
 	versions map[string]map[string]string
 	synced   map[string]bool
+}
+
+// Report sends the current Annotations to the peer of the stream being served (if it is
+// this engine: see StatusNonce), without waiting for the next ACK.
+func (k *Sink) Report() {
+	select {
+	case k.report <- struct{}{}:
+	default:
+	}
+}
+
+// node is the SinkNode a request carries: Node's, with the current Annotations.
+func (k *Sink) node() *mcppb.SinkNode {
+	if k.opts.Annotations == nil {
+		return k.opts.Node
+	}
+	n := &mcppb.SinkNode{Id: k.opts.Node.GetId(), Annotations: maps.Clone(k.opts.Node.GetAnnotations())}
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	maps.Copy(n.Annotations, k.opts.Annotations())
+	return n
 }
 
 // NewSink validates opts and returns a Sink.
@@ -129,7 +161,7 @@ func NewSink(opts SinkOptions) (*Sink, error) {
 	if opts.Negotiation == nil {
 		opts.Negotiation = NewNegotiation(opts.Logger, opts.Metrics)
 	}
-	return &Sink{opts: opts, versions: make(map[string]map[string]string), synced: make(map[string]bool)}, nil
+	return &Sink{opts: opts, report: make(chan struct{}, 1), versions: make(map[string]map[string]string), synced: make(map[string]bool)}, nil
 }
 
 // Collections returns the collections the Sink asks for: those configured that the peer has
@@ -247,6 +279,14 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 			if err := ks.handle(ctx, b); err != nil {
 				return streamEnd(ctx, err, recvErr)
 			}
+		case <-k.report:
+			if !info.PeerResumes() || len(ks.requested) == 0 {
+				continue // a stock source would take it for a stale nonce: it waits for the next ACK
+			}
+			req := &mcppb.RequestResources{SinkNode: k.node(), Collection: k.opts.Collections[0], ResponseNonce: StatusNonce}
+			if err := st.SendMsg(req); err != nil {
+				return streamEnd(ctx, err, recvErr)
+			}
 		}
 	}
 }
@@ -275,7 +315,7 @@ func (ks *sinkStream) request(n int, declare bool) error {
 		c := ks.queue[0]
 		ks.queue = ks.queue[1:]
 		ks.requested[c] = true
-		req := &mcppb.RequestResources{SinkNode: k.opts.Node, Collection: c, Incremental: !k.opts.FullStateOnly}
+		req := &mcppb.RequestResources{SinkNode: k.node(), Collection: c, Incremental: !k.opts.FullStateOnly}
 		if declare {
 			req.InitialResourceVersions = k.initialVersions(c)
 		} else {
@@ -380,7 +420,7 @@ func (ks *sinkStream) handle(ctx context.Context, b []byte) error {
 	if err != nil {
 		delete(ks.chunks, p.Collection) // a refused chunk ends the gathering; the source starts over
 	}
-	req := &mcppb.RequestResources{SinkNode: k.opts.Node, Collection: p.Collection, ResponseNonce: p.Nonce, Incremental: !k.opts.FullStateOnly}
+	req := &mcppb.RequestResources{SinkNode: k.node(), Collection: p.Collection, ResponseNonce: p.Nonce, Incremental: !k.opts.FullStateOnly}
 	ev := AckEvent{Collection: p.Collection, Nonce: p.Nonce}
 	if err != nil {
 		s := toStatus(err)

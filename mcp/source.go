@@ -236,6 +236,9 @@ func (ss *sourceStream) handle(req *mcppb.RequestResources) error {
 		return nil
 	}
 	ss.info.setNodeOnce(req.GetSinkNode())
+	if req.GetResponseNonce() == StatusNonce {
+		return nil // a report carried by its SinkNode (see StatusNonce), nothing else
+	}
 	c := ss.colls[name]
 	if c == nil && ss.closed {
 		return nil // the stream is ending

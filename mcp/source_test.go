@@ -389,3 +389,35 @@ func TestSourcePartialNACK(t *testing.T) {
 		})
 	}
 }
+
+// A request with StatusNonce only carries a report in its SinkNode: the source records the
+// node (LatestNode; routing keeps the first, Node) and does nothing else: no subscription,
+// no ACK of the outstanding push.
+func TestSourceStatusRequestOnlyRecordsTheNode(t *testing.T) {
+	c := NewCache(vs)
+	c.Put(vs, entry(t, "ns/a", "1"))
+	infos := make(chan *StreamInfo, 1)
+	src := newTestSource(t, c, func(o *SourceOptions) { o.Hooks.StreamOpened = func(i *StreamInfo) { infos <- i } })
+	sink := newRawSink(t, src, sinkServes)
+	sink.request(vs, true, nil)
+	first := sink.next() // outstanding: not ACKed yet
+	info := <-infos
+	sink.sendReq(&mcppb.RequestResources{Collection: dr, ResponseNonce: StatusNonce, SinkNode: &mcppb.SinkNode{Id: "raw-sink", Annotations: map[string]string{"k": "v"}}})
+	// A probe without a node: once it is answered, the report before it was handled.
+	sink.sendReq(&mcppb.RequestResources{Collection: "probe/1"})
+	if m := sink.next(); m.Collection != "probe/1" {
+		t.Fatalf("push of %s, want only the probe's (dr was not subscribed)", m.Collection)
+	}
+	if got := info.LatestNode().GetAnnotations()["k"]; got != "v" {
+		t.Errorf("LatestNode annotations = %v", info.LatestNode().GetAnnotations())
+	}
+	if got := info.Node().GetAnnotations()["k"]; got != "" {
+		t.Errorf("Node (routing's) changed by a report: %v", info.Node().GetAnnotations())
+	}
+	// The push is still outstanding: a change waits for its ACK, then comes.
+	c.Put(vs, entry(t, "ns/b", "1"))
+	sink.ack(first)
+	if next := sink.next(); next.Collection != vs {
+		t.Errorf("after the ACK: push of %s, want %s", next.Collection, vs)
+	}
+}

@@ -130,6 +130,7 @@ type StreamInfo struct {
 
 	mu      sync.Mutex
 	node    *mcppb.SinkNode
+	latest  *mcppb.SinkNode
 	cancel  func()
 	resumes bool
 }
@@ -182,9 +183,21 @@ func (i *StreamInfo) Node() *mcppb.SinkNode {
 	return i.node
 }
 
+// LatestNode is the SinkNode of the newest request that carried one. Node (the first) is
+// what routing decides by; this one may carry what the sink reports as it goes (a relay's
+// downstream sinks, see StatusNonce).
+func (i *StreamInfo) LatestNode() *mcppb.SinkNode {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.latest
+}
+
 func (i *StreamInfo) setNodeOnce(n *mcppb.SinkNode) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	if n != nil {
+		i.latest = n
+	}
 	if i.node == nil && n != nil {
 		i.node = n
 	}

@@ -2,10 +2,12 @@ package minion
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -73,6 +76,8 @@ type Relay struct {
 	streams atomic.Int64
 
 	upstream atomic.Int64 // open streams to the hub
+	down     sync.Map     // *mcp.StreamInfo -> *api.RelayedSink: the sinks it serves
+	downMu   sync.Mutex   // guards the RelayedSinks' fields
 
 	mu         sync.Mutex      // guards the following fields
 	got        map[string]bool // collections received whole from the hub on this stream
@@ -104,6 +109,7 @@ func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Log
 		Logger:         r.log,
 		Metrics:        mm,
 		Hooks:          mcp.Hooks{StreamOpened: r.upstreamOpened, StreamClosed: r.upstreamClosed},
+		Annotations:    r.reported,
 	})
 	if err != nil {
 		return nil, err
@@ -150,6 +156,78 @@ func (r *Relay) Addr() string {
 		return *p
 	}
 	return ""
+}
+
+// The relay reports the sinks it serves (its istiods) to the hub, in its stream's SinkNode
+// (api.RelayedSinksAnnotation), so the hub's tools show them under the relay. At most
+// maxReported are listed: a report is a handful of lines, not a fleet's inventory.
+const maxReported = 64
+
+func (r *Relay) downOpened(i *mcp.StreamInfo) {
+	r.streams.Add(1)
+	r.down.Store(i, &api.RelayedSink{Protocol: i.Protocol, Collections: map[string]*api.RelayedCollection{}})
+}
+
+func (r *Relay) downClosed(i *mcp.StreamInfo, _ error) {
+	r.streams.Add(-1)
+	r.down.Delete(i)
+	r.sink.Report()
+}
+
+// downUpdate changes what the relay knows of a downstream sink, under downMu.
+func (r *Relay) downUpdate(i *mcp.StreamInfo, coll string, f func(*api.RelayedCollection)) {
+	v, ok := r.down.Load(i)
+	if !ok {
+		return
+	}
+	rs := v.(*api.RelayedSink)
+	r.downMu.Lock()
+	rs.NodeID = i.Node().GetId()
+	c := rs.Collections[coll]
+	if c == nil {
+		c = &api.RelayedCollection{}
+		rs.Collections[coll] = c
+	}
+	f(c)
+	r.downMu.Unlock()
+}
+
+func (r *Relay) downPushed(i *mcp.StreamInfo, ev mcp.PushEvent) {
+	r.downUpdate(i, ev.Collection, func(c *api.RelayedCollection) { c.Pushed = ev.Version })
+}
+
+func (r *Relay) downAcked(i *mcp.StreamInfo, ev mcp.AckEvent) {
+	r.downUpdate(i, ev.Collection, func(c *api.RelayedCollection) {
+		if ev.Code == codes.OK {
+			c.Acked, c.NACK = ev.Version, ""
+		} else {
+			c.NACK = ev.Code.String() + ": " + ev.Message
+		}
+	})
+	r.sink.Report()
+}
+
+// reported is the annotation of the relay's stream to the hub: its downstream sinks.
+func (r *Relay) reported() map[string]string {
+	var out []api.RelayedSink
+	r.downMu.Lock()
+	r.down.Range(func(_, v any) bool {
+		rs := v.(*api.RelayedSink)
+		c := api.RelayedSink{NodeID: rs.NodeID, Protocol: rs.Protocol, Collections: map[string]*api.RelayedCollection{}}
+		for k, v := range rs.Collections {
+			vv := *v
+			c.Collections[k] = &vv
+		}
+		out = append(out, c)
+		return len(out) < maxReported
+	})
+	r.downMu.Unlock()
+	sort.Slice(out, func(a, b int) bool { return out[a].NodeID < out[b].NodeID })
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil
+	}
+	return map[string]string{api.RelayedSinksAnnotation: string(b)}
 }
 
 // RelayStatus is the relay as /status reports it.
@@ -376,7 +454,7 @@ func (r *Relay) serve(ctx context.Context) error {
 	}
 	srv := grpc.NewServer(opts...)
 	sc := mcp.ServerConfig{Authenticate: r.admit, Logger: r.log, Metrics: r.mm, Unauthenticated: true}
-	hooks := mcp.Hooks{StreamOpened: func(*mcp.StreamInfo) { r.streams.Add(1) }, StreamClosed: func(*mcp.StreamInfo, error) { r.streams.Add(-1) }}
+	hooks := mcp.Hooks{StreamOpened: r.downOpened, StreamClosed: r.downClosed, Pushed: r.downPushed, Acked: r.downAcked}
 	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: r.cache, Logger: r.log, Metrics: r.mm, Hooks: hooks})
 	if err != nil {
 		return err

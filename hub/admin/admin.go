@@ -225,6 +225,20 @@ func (c *client) status(ctx context.Context) error {
 			identity = "(unauthenticated)" // its node id is only what it claims
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Stream, protocol(s), identity, dash(s.NodeID), dash(strings.Join(s.Rules, ",")), strings.Join(colls, "; "), nacks)
+		for _, d := range s.Downstream { // the sinks a minion's relay serves
+			var dc []string
+			dn := 0
+			for name, st := range d.Collections {
+				state := fmt.Sprintf("%d/%d", st.Acked, st.Pushed)
+				if st.NACK != "" {
+					state += " NACK"
+					dn++
+				}
+				dc = append(dc, short(name)+" "+state)
+			}
+			sort.Strings(dc)
+			fmt.Fprintf(w, "  └ behind %d\t%s\t-\t%s\t-\t%s\t%d\n", s.Stream, d.Protocol, dash(d.NodeID), strings.Join(dc, "; "), dn)
+		}
 	}
 	return w.Flush()
 }
@@ -265,6 +279,10 @@ func (c *client) why(ctx context.Context, collection, name string) error {
 			over := ""
 			if s.Protocol != "" {
 				over = " over " + s.Protocol
+			}
+			if s.BehindRelay != 0 {
+				fmt.Fprintf(c.out, "    behind relay %d:%s node %s: %s\n", s.BehindRelay, over, dash(s.NodeID), state)
+				continue
 			}
 			fmt.Fprintf(c.out, "  sink %d%s (%s, node %s, rules %s): %s\n", s.Stream, over, dash(s.Identity), dash(s.NodeID), strings.Join(s.Rules, ","), state)
 		}

@@ -80,6 +80,29 @@ type SinkStatus struct {
 	// collection (istiod's core/v1alpha1/MeshConfig) is listed by its type URL, answered
 	// with an empty state.
 	Collections map[string]*SinkCollection `json:"collections"`
+	// Downstream, for a minion's relay, are the sinks it serves in its cluster (its istiods),
+	// as it last reported them.
+	Downstream []RelayedSink `json:"downstream,omitempty"`
+}
+
+// RelayedSinksAnnotation is the SinkNode annotation in which a minion's relay reports the
+// sinks it serves, as JSON []RelayedSink.
+const RelayedSinksAnnotation = "meshfed.io/relayed-sinks"
+
+// RelayedSink is one sink a minion's relay serves in its cluster.
+type RelayedSink struct {
+	NodeID   string `json:"nodeId"`
+	Protocol string `json:"protocol"`
+	// Collections: the relay's versions pushed and ACKed, and the last NACK's message, by
+	// collection (or type URL).
+	Collections map[string]*RelayedCollection `json:"collections"`
+}
+
+// RelayedCollection is a relayed sink's state for one collection.
+type RelayedCollection struct {
+	Pushed uint64 `json:"pushed"`
+	Acked  uint64 `json:"acked"`
+	NACK   string `json:"nack,omitempty"`
 }
 
 // SinkCollection is a sink's state for one collection.
@@ -155,6 +178,10 @@ type WhySink struct {
 	// NACK, when the sink refused the latest push of the collection, is its reason
 	// ("code: message"): it does not hold the served version.
 	NACK string `json:"nack,omitempty"`
+	// BehindRelay, for a sink a minion's relay serves (its cluster's istiod), is the relay's
+	// stream: the sink is as its relay reported it (up to date when the relay is and it has
+	// ACKed the relay's latest push).
+	BehindRelay uint64 `json:"behindRelay,omitempty"`
 }
 
 // DryRun is what a sink with a given identity and SinkNode would receive — under the

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -109,6 +110,23 @@ func TestMinionRelay(t *testing.T) {
 	waitFor(t, 10*time.Second, "istiod holding east's and west's VirtualServices through the relay", both(istiod))
 	if st := m.Status().Relay; st == nil || !st.Serving || !st.FromHub || !st.HubConnected || st.LastSynced == nil || st.Objects[vs] != 2 || st.Streams != 1 {
 		t.Errorf("relay status = %+v, want serving from the connected hub, synced, 2 VirtualServices, 1 stream", st)
+	}
+	// The hub's tools show the relay's istiod under the relay.
+	_, _, admin := h.Addrs()
+	waitFor(t, 10*time.Second, "/api/sinks listing the istiod behind east's relay", func() bool {
+		var sinks []api.SinkStatus
+		getJSON(t, "http://"+admin+"/api/sinks", &sinks)
+		for _, s := range sinks {
+			for _, d := range s.Downstream {
+				if c := d.Collections[vs]; d.NodeID == "istiod" && c != nil && c.Acked > 0 && c.Acked == c.Pushed {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if out := hubCLI(t, admin)("why", "vs", "pay/api"); !strings.Contains(out, "behind relay") || !strings.Contains(out, "node istiod: up to date") {
+		t.Errorf("hub why vs pay/api does not show the istiod behind the relay:\n%s", out)
 	}
 	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com", "api2.pay.example.com"))
 	before := istiod.Versions(vs)["pay/api"]

@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/istiodtest"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
@@ -115,6 +117,16 @@ func (h *hubProcess) addr(t testing.TB, listener string) string {
 		return a != ""
 	})
 	return a
+}
+
+// getJSON decodes a GET of url into v.
+func getJSON(url string, v any) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // ready reports whether the hub's /readyz answers 200.
@@ -256,6 +268,21 @@ func TestIstiodSecurePaths(t *testing.T) {
 		return last
 	}
 	waitKeys(relayed, "the relayed istiod holding east's subset", "shop/cart")
+	// The hub lists the relayed istiod under east's relay, with its ACKs.
+	testwait.For(t, 20*time.Second, "the hub listing the istiod behind east's relay", func() bool {
+		var sinks []api.SinkStatus
+		if err := getJSON("http://"+w.hub.addr(t, "http")+"/api/sinks", &sinks); err != nil {
+			return false
+		}
+		for _, s := range sinks {
+			for _, d := range s.Downstream {
+				if c := d.Collections[vsColl]; d.Protocol == "xds" && strings.HasPrefix(d.NodeID, "sidecar~") && c != nil && c.Acked > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	})
 	waitKeys(direct, "the direct istiod holding west's subset", "pay/api")
 
 	// An update and a deletion reach the relayed istiod; a new object the direct one.
