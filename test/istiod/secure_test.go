@@ -1,6 +1,7 @@
 package istiod
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -12,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/api"
@@ -144,6 +148,8 @@ func (h *hubProcess) ready() bool {
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
 }
+
+var vsGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
 
 // TestIstiodSecurePaths: mutual TLS between every minion and the hub, no insecure anywhere;
 // east's minion reads files, west's a real kube-apiserver.
@@ -294,14 +300,19 @@ func TestIstiodSecurePaths(t *testing.T) {
 	waitKeys(relayed, "shop/cart's deletion relayed", "shop/basket")
 	w.env.Apply(vsObject("web", "pay", "web.pay.example.com"))
 	waitKeys(direct, "pay/web served directly", "pay/api", "pay/web")
+	if err := w.env.Dynamic().Resource(vsGVR).Namespace("pay").Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(direct, "pay/web's deletion served directly", "pay/api")
 
-	// The hub's process is killed (SIGKILL): the relayed istiod's store does not change.
+	// The hub's process is killed (SIGKILL): neither istiod's store changes.
 	before := waitKeys(relayed, "the relayed istiod settled", "shop/basket").Objects()
+	beforeDirect := waitKeys(direct, "the direct istiod settled", "pay/api").Objects()
 	w.hub.proc.Kill()
-	sameStore := func(what string) {
+	sameStore := func(what string, i *istiodtest.Istiod, before map[string]map[string]string) {
 		t.Helper()
 		for range 5 {
-			c, err := relayed.FetchConfigz()
+			c, err := i.FetchConfigz()
 			if err != nil {
 				t.Fatalf("%s: configz: %v", what, err)
 			}
@@ -311,7 +322,8 @@ func TestIstiodSecurePaths(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	sameStore("after the hub stopped")
+	sameStore("the relayed istiod, after the hub was killed", relayed, before)
+	sameStore("the direct istiod, after the hub was killed", direct, beforeDirect)
 
 	// East's minion restarts while the hub is down: istiod reconnects to the relay, which
 	// serves its kept state, and istiod's store does not change.
@@ -321,5 +333,5 @@ func TestIstiodSecurePaths(t *testing.T) {
 	testwait.For(t, time.Minute, "istiod reconnected to the restarted relay", func() bool {
 		return promtest.Sum(t, tel.Registry, "meshfed_mcp_streams_open", map[string]string{"role": "source", "transport": "server"}) >= 1
 	})
-	sameStore("after east's minion restarted")
+	sameStore("the relayed istiod, after east's minion restarted", relayed, before)
 }
