@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -127,6 +128,14 @@ func TestSinkFirstPushOfANonResumingSourceIsFullState(t *testing.T) {
 	rec.mu.Unlock()
 	if last.Incremental || len(last.Entries) != 2 {
 		t.Errorf("the split first push was applied as %d entries, incremental %v; want one full state of 2", len(last.Entries), last.Incremental)
+	}
+	if len(last.Resources) != len(last.Entries) {
+		t.Fatalf("the split first push was applied with %d resources for %d entries", len(last.Resources), len(last.Entries))
+	}
+	for i, e := range last.Entries {
+		if r, err := e.Decode(); err != nil || !proto.Equal(r, last.Resources[i]) {
+			t.Errorf("resources[%d] = %v, not entries[%d] (%s) decoded", i, last.Resources[i], i, e.Name)
+		}
 	}
 	// Later pushes are what they say.
 	rec.waitState(t, vs, map[string]string{"ns/a": "1", "ns/new": "1"})

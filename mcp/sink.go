@@ -241,7 +241,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 	}
 	want, left := neg.wanted(k.opts.Collections)
 	ks := &sinkStream{k: k, st: st, info: info, log: log, queue: want, requested: make(map[string]bool, len(want)),
-		firstFull: map[string]bool{}, chunks: map[string][]*Entry{}, answered: map[string]bool{}}
+		firstFull: map[string]bool{}, chunks: map[string]*Change{}, answered: map[string]bool{}}
 	defer func() {
 		c, named := refusedCollection(err)
 		refusal := named && ks.requested[c]
@@ -303,8 +303,8 @@ type sinkStream struct {
 	// firstFull: collections whose next push is taken as their full state, whatever its
 	// incremental flag: their request declared no versions (see Negotiation).
 	firstFull map[string]bool
-	chunks    map[string][]*Entry // a firstFull push split in chunks, gathered until its last
-	answered  map[string]bool     // collections that have had a push on this stream
+	chunks    map[string]*Change // a firstFull push split in chunks, gathered until its last
+	answered  map[string]bool    // collections that have had a push on this stream
 }
 
 // request sends the requests of the next n queued collections, declaring the versions held
@@ -332,22 +332,22 @@ func (ks *sinkStream) request(n int, declare bool) error {
 }
 
 // afterFirstPush asks for what follows a collection's first push on the stream: on a stream
-// this side dialed, the rest (the source's header has come with that push); on one a source
-// that does not resume dialed, the next collection.
+// this side dialed, the rest (the source's header, which says whether it resumes, has come
+// with that push); on one a source that does not resume dialed, the next collection.
 func (ks *sinkStream) afterFirstPush() error {
-	if len(ks.queue) == 0 {
-		ks.k.opts.Negotiation.wait(ks.info, "")
-		return nil
-	}
-	if ks.info.Transport == "client" {
-		if h, ok := ks.st.(interface{ Header() (metadata.MD, error) }); ok {
+	info := ks.info
+	switch {
+	case info.Transport == "client":
+		if h, ok := ks.st.(interface{ Header() (metadata.MD, error) }); ok && !info.PeerResumes() {
 			if md, err := h.Header(); err == nil && mdResumes(md) {
-				ks.info.setResumes()
+				info.setResumes()
 			}
 		}
-		return ks.request(len(ks.queue), ks.info.PeerResumes())
-	}
-	if ks.info.PeerResumes() {
+		return ks.request(len(ks.queue), info.PeerResumes())
+	case info.PeerResumes():
+		return nil // every collection was requested at once
+	case len(ks.queue) == 0:
+		ks.k.opts.Negotiation.wait(info, "")
 		return nil
 	}
 	return ks.request(1, false)
@@ -447,23 +447,15 @@ func (ks *sinkStream) asFullState(c *Change) *Change {
 	if !ks.firstFull[c.Collection] {
 		return c
 	}
+	full := *c
+	if g := ks.chunks[c.Collection]; g != nil {
+		full.Entries, full.Resources = append(g.Entries, c.Entries...), append(g.Resources, c.Resources...)
+	}
 	if c.Incremental && c.More {
-		ks.chunks[c.Collection] = append(ks.chunks[c.Collection], c.Entries...)
+		ks.chunks[c.Collection] = &full
 		return nil
 	}
-	full := *c
-	if gathered := ks.chunks[c.Collection]; gathered != nil {
-		delete(ks.chunks, c.Collection)
-		full.Entries = append(gathered, c.Entries...)
-		full.Resources = make([]*mcpapi.Resource, 0, len(full.Entries))
-		for _, e := range full.Entries {
-			r, err := e.Decode()
-			if err != nil {
-				return c // cannot happen: every entry was decoded on arrival
-			}
-			full.Resources = append(full.Resources, r)
-		}
-	}
+	delete(ks.chunks, c.Collection)
 	full.Incremental, full.Removed, full.More = false, nil, false
 	return &full
 }

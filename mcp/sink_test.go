@@ -3,7 +3,9 @@ package mcp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -218,4 +220,44 @@ func TestNewSinkValidates(t *testing.T) {
 	if _, err := NewSource(SourceOptions{}); err == nil {
 		t.Error("NewSource without a Watcher: no error")
 	}
+}
+
+// A sink with Annotations sends them in every request; Report sends them at once, in a
+// StatusNonce request, to a source that says it resumes, in either direction and with a
+// single collection too (dialing out, the source says so in the header of its first push);
+// a source that does not say so gets nothing until the next ACK.
+func TestSinkReport(t *testing.T) {
+	forEachDirection(t, func(t *testing.T, d direction) {
+		for _, resumes := range []bool{true, false} {
+			t.Run(fmt.Sprintf("resumes=%v", resumes), func(t *testing.T) {
+				var note atomic.Value
+				note.Store("1")
+				sink := newTestSink(t, newRecorder(), []string{vs}, func(o *SinkOptions) {
+					o.Node.Annotations = map[string]string{"node": "n"}
+					o.Annotations = func() map[string]string { return map[string]string{"note": note.Load().(string)} }
+				})
+				src := newRawSourceAs(t, sink, d, resumes)
+				annotated := func(r *mcppb.RequestResources, want string) {
+					t.Helper()
+					if a := r.GetSinkNode().GetAnnotations(); r.GetSinkNode().GetId() != "test-sink" || a["node"] != "n" || a["note"] != want {
+						t.Errorf("request %v: SinkNode %v, want test-sink with node=n, note=%s", r, r.GetSinkNode(), want)
+					}
+				}
+				annotated(src.next(), "1")
+				src.push(&mcppb.Resources{Collection: vs, Nonce: "1"})
+				annotated(src.next(), "1") // the ACK
+
+				note.Store("2")
+				sink.Report()
+				if !resumes {
+					src.push(&mcppb.Resources{Collection: vs, Nonce: "2"})
+				}
+				r := src.next()
+				if resumes && r.ResponseNonce != StatusNonce || !resumes && r.ResponseNonce != "2" {
+					t.Fatalf("after Report: request %v, want a report (%s) only to a source that resumes", r, StatusNonce)
+				}
+				annotated(r, "2")
+			})
+		}
+	})
 }
