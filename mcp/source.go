@@ -325,25 +325,25 @@ func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error
 	latency := ss.src.opts.Now().Sub(p.sentAt)
 	ev := AckEvent{Collection: c.name, Nonce: p.nonce, Version: p.version, Latency: latency}
 	if detail != nil {
-		ev.Code = codes.Code(detail.GetCode())
-		ev.Message = detail.GetMessage()
-		ev.Detail = detail
+		ev.Code, ev.Message, ev.Detail = codes.Code(detail.GetCode()), detail.GetMessage(), detail
 		c.metrics.nack(ev.Code, latency)
-		ss.src.opts.Hooks.acked(ss.info, ev)
-		if !PartiallyApplied(detail) {
-			c.pending = nil
-			c.pushed = true
-			c.failed, c.failedVer = true, p.version
-			c.log.Warn("sink rejected push (NACK); not resending until the collection changes",
-				logNonce, p.nonce, logVersion, p.version, "code", ev.Code.String(), "message", ev.Message)
-			return nil
-		}
+	} else {
+		c.metrics.ack(latency)
+	}
+	ss.src.opts.Hooks.acked(ss.info, ev)
+	switch {
+	case detail == nil:
+	case PartiallyApplied(detail):
 		// Applied but for the resources it names: the version counts as held (see
 		// RejectionError), and the refused ones are sent again only when they change.
 		c.log.Debug("sink applied push except some resources", logNonce, p.nonce, logVersion, p.version, "message", ev.Message)
-	} else {
-		c.metrics.ack(latency)
-		ss.src.opts.Hooks.acked(ss.info, ev)
+	default:
+		c.pending = nil
+		c.pushed = true
+		c.failed, c.failedVer = true, p.version
+		c.log.Warn("sink rejected push (NACK); not resending until the collection changes",
+			logNonce, p.nonce, logVersion, p.version, "code", ev.Code.String(), "message", ev.Message)
+		return nil
 	}
 	if len(p.rest) > 0 {
 		next := p.rest[0]

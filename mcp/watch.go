@@ -154,7 +154,9 @@ func (i *StreamInfo) setResumes() {
 // (a fake stream calling the store directly): a peer with identity that sent node; Close
 // calls onClose (which may be nil).
 func NewStreamInfo(identity string, node *mcppb.SinkNode, onClose func()) *StreamInfo {
-	return &StreamInfo{ID: streamIDs.Add(1), Role: "source", Transport: "server", Protocol: "mcp", Identity: identity, node: node, cancel: onClose}
+	i := newStreamInfo("source", "server", "", identity)
+	i.node, i.cancel = node, onClose
+	return i
 }
 
 // Close ends the stream (its Serve returns, the peer sees the stream end and, being an MCP
