@@ -1,10 +1,14 @@
 // Package routing decides which part of the federated configuration each sink receives.
 //
 // Rules select sinks by their authenticated identity and by their SinkNode id and
-// annotations, and give them collections, clusters, namespaces and a label selector. A sink
-// receives the union of the rules that select it; a sink no rule selects receives nothing
-// unless the configuration names a default rule. Sinks selected by the same rules share one
-// Subset (the same pointer), so the hub computes, encodes and sends one view for all of them.
+// annotations, and give them collections, clusters, namespaces (patterns of package
+// hub/pattern, the ownership's grammar) and a label selector. A sink receives the union of
+// the rules that select it; a sink no rule selects receives nothing unless the configuration
+// names a default rule. Two kinds of sink are selected only by rules marked for them, never
+// by other rules nor by the default: sinks without an authenticated identity (rules marked
+// unauthenticated, by what the sink claims) and minions' relays (rules marked relays). Sinks
+// selected by the same rules share one Subset (the same pointer), so the hub computes,
+// encodes and sends one view for all of them.
 //
 // It is pure: values in, decisions out, no I/O. It does not authenticate sinks (the identity
 // it is given is already verified) and does not check who may publish what (that is the
@@ -25,7 +29,7 @@ import (
 // Rule gives the sinks it selects a part of the configuration. Within a rule, every non-empty
 // condition must hold; an empty condition holds for everything.
 type Rule struct {
-	// Name identifies the rule (unique); the admin API and logs use it.
+	// Name identifies the rule (unique, without ","); the admin API and logs use it.
 	Name string `json:"name"`
 
 	// Identities are patterns on the sink's authenticated identity, e.g.
@@ -148,6 +152,9 @@ func New(cfg Config) (*Table, error) {
 
 func compile(field string, r Rule) (*rule, error) {
 	cr := &rule{name: r.Name, unauthenticated: r.Unauthenticated, relays: r.Relays}
+	if strings.Contains(r.Name, ",") {
+		return nil, fmt.Errorf("%s.name: %q contains \",\", which joins rule names in a subset's key", field, r.Name)
+	}
 	if r.Unauthenticated && len(r.Identities) > 0 {
 		return nil, fmt.Errorf("%s.identities: an unauthenticated rule selects sinks that have no identity", field)
 	}

@@ -124,6 +124,10 @@ func TestNewErrorsNameTheField(t *testing.T) {
 		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"*-prod"}}}}, `rules[0].namespaces[0]: "*-prod": "*" may only end the pattern`},
 		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"shop", ""}}}}, `rules[0].namespaces[1]: "": empty pattern`},
 		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, "default.name"},
+		// A Subset's key joins its rules' names with ",": a rule named "a,b" would share the
+		// Subset of the sinks that rules a and b select.
+		{Config{Rules: []Rule{{Name: "a"}, {Name: "b"}, {Name: "a,b"}}}, `rules[2].name: "a,b" contains ","`},
+		{Config{Default: &Rule{Name: "x,y"}}, `default.name: "x,y" contains ","`},
 		{Config{Rules: []Rule{{Name: "a", Annotations: map[string]string{"": "x"}}}}, "rules[0].annotations: empty key"},
 		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Identities: []string{"*"}}}}, "rules[0].identities: an unauthenticated rule selects sinks that have no identity"},
 		{Config{Default: &Rule{Unauthenticated: true}}, "default: the default never serves"},
