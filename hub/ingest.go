@@ -178,7 +178,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		}
 		put = append(put, res)
 	}
-	lost, err := h.store.apply(cs.data, c.Collection, put, c.Removed, !c.Incremental, keep)
+	lost, held, err := h.store.apply(cs.data, c.Collection, put, c.Removed, !c.Incremental, keep)
 	if errors.Is(err, errRemoved) {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
@@ -189,7 +189,6 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 				cf.Winner, cf.Name, cf.Why)})
 	}
 
-	held := h.store.counts(cs.name)[c.Collection]
 	cs.mu.Lock()
 	if cs.removed { // removed since the store took the push: nothing more is recorded of it
 		cs.mu.Unlock()

@@ -142,18 +142,18 @@ func (s *store) versions(cluster, collection string) map[string]string {
 // apply records a cluster's change to a collection: put resources (accepted), remove
 // names; with full, everything else the cluster held in the collection is removed too,
 // except the names in keep (resources whose new version was rejected keep their last
-// accepted one). It returns the conflicts the cluster's put resources lose, by name, or
-// errRemoved.
-func (s *store) apply(d *clusterData, collection string, put []*resource, remove []string, full bool, keep map[string]bool) ([]api.Conflict, error) {
+// accepted one). It returns the conflicts the cluster's put resources lose, by name, and
+// how many resources the cluster now holds in the collection, or errRemoved.
+func (s *store) apply(d *clusterData, collection string, put []*resource, remove []string, full bool, keep map[string]bool) (lost []api.Conflict, held int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d.removed {
-		return nil, errRemoved
+		return nil, 0, errRemoved
 	}
-	held := d.colls[collection]
-	if held == nil {
-		held = map[string]*resource{}
-		d.colls[collection] = held
+	have := d.colls[collection]
+	if have == nil {
+		have = map[string]*resource{}
+		d.colls[collection] = have
 	}
 	touched := map[string]bool{}
 	if full {
@@ -161,7 +161,7 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 		for _, r := range put {
 			listed[r.name] = true
 		}
-		for n := range held {
+		for n := range have {
 			if !listed[n] && !keep[n] {
 				remove = append(remove, n)
 			}
@@ -170,8 +170,8 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 	var putReceived []*mcp.Entry
 	var removed []string
 	for _, n := range remove {
-		if old := held[n]; old != nil {
-			delete(held, n)
+		if old := have[n]; old != nil {
+			delete(have, n)
 			s.dropCandidateLocked(old)
 			touched[n] = true
 			if s.changed != nil {
@@ -180,13 +180,13 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 		}
 	}
 	for _, r := range put {
-		if old := held[r.name]; old != nil {
+		if old := have[r.name]; old != nil {
 			if old.version == r.version {
 				continue
 			}
 			s.dropCandidateLocked(old)
 		}
-		held[r.name] = r
+		have[r.name] = r
 		s.addCandidateLocked(r)
 		touched[r.name] = true
 		if s.changed != nil {
@@ -195,16 +195,15 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 	}
 	s.publishLocked(collection, touched)
 	s.changedLocked(d.name, collection, putReceived, removed)
-	var lost []api.Conflict
 	for _, r := range put {
-		if h := held[r.name]; h != nil {
+		if h := have[r.name]; h != nil {
 			if c := s.index[collection][r.name]; len(c) > 1 && c[0] != h {
 				lost = append(lost, api.Conflict{Collection: collection, Name: r.name, Winner: c[0].cluster, Losers: []string{d.name}, Why: s.policy.why(c[0])})
 			}
 		}
 	}
 	sort.Slice(lost, func(i, j int) bool { return lost[i].Name < lost[j].Name })
-	return lost, nil
+	return lost, len(have), nil
 }
 
 // changedLocked tells changed what a cluster's resources became (removed names sorted).
@@ -225,7 +224,7 @@ func (s *store) dropCollections(d *clusterData, collections []string) (int, erro
 		held := len(d.colls[c])
 		s.mu.Unlock()
 		if held > 0 {
-			if _, err := s.apply(d, c, nil, nil, true, nil); err != nil {
+			if _, _, err := s.apply(d, c, nil, nil, true, nil); err != nil {
 				return n, err
 			}
 			n += held
