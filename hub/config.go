@@ -368,9 +368,9 @@ type compiled struct {
 	routes      *routing.Table
 	identity    map[string]string // identity -> cluster
 	clusters    map[string]ClusterConfig
-	colls       map[string][]string // cluster -> the collections asked of its source
-	ownership   ownership           // what policy is built from
-	trustDomain string              // SPIFFETrustDomain
+	served      []string  // Config.Collections
+	ownership   ownership // what policy is built from
+	trustDomain string    // SPIFFETrustDomain
 	insecure    bool
 	kindTable   *kinds.Table // the built-in and configured kinds
 }
@@ -382,8 +382,14 @@ type ownership struct {
 	domainSuffix string
 }
 
-// collections returns the collections the hub asks cluster's source for.
-func (c *compiled) collections(cluster string) []string { return c.colls[cluster] }
+// collections returns the collections the hub asks cluster's source for: its own, else
+// every one the hub serves.
+func (c *compiled) collections(cluster string) []string {
+	if colls := c.clusters[cluster].Collections; len(colls) > 0 {
+		return colls
+	}
+	return c.served
+}
 
 // configured reports whether a cluster is in the configuration.
 func (c *compiled) configured(cluster string) bool {
@@ -472,7 +478,7 @@ func (c *Config) compile() (*compiled, error) {
 	if len(c.Clusters) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, colls: map[string][]string{}, trustDomain: td, insecure: c.Insecure}
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure}
 	owners := make([]acl.Cluster, 0, len(c.Clusters))
 	for i, cl := range c.Clusters {
 		field := fmt.Sprintf("clusters[%d]", i)
@@ -486,16 +492,12 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, err
 		}
 		out.clusters[cl.Name] = cl
-		out.colls[cl.Name] = c.Collections
-		if len(cl.Collections) > 0 {
-			seen := map[string]bool{}
-			for j, coll := range cl.Collections {
-				if !seenColl[coll] || seen[coll] {
-					return nil, fmt.Errorf("%s (%q).collections[%d]: %q is not one of the hub's collections, or is listed twice", field, cl.Name, j, coll)
-				}
-				seen[coll] = true
+		seen := map[string]bool{}
+		for j, coll := range cl.Collections {
+			if !seenColl[coll] || seen[coll] {
+				return nil, fmt.Errorf("%s (%q).collections[%d]: %q is not one of the hub's collections, or is listed twice", field, cl.Name, j, coll)
 			}
-			out.colls[cl.Name] = cl.Collections
+			seen[coll] = true
 		}
 		ids := cl.Identities
 		if len(ids) == 0 && td != "" {
