@@ -17,14 +17,17 @@
 //     that says who a sink is; the engine (package mcp) pushes and follows ACKs.
 //
 // Around that path: cluster.go (each cluster's lifecycle from entering to leaving the
-// configuration, the warm-up and staleness), reload.go (a new configuration applied
-// without a restart), http.go (the admin API, whose types are package hub/api), config.go
-// (the configuration file and its one literal of defaults).
+// configuration, the warm-up and staleness), relay.go (a minion subscribing on the ingest
+// listener, with its cluster's identity, to re-serve inside its cluster; routing selects it
+// only by rules for relays), reload.go (a new configuration applied without a restart),
+// http.go (the admin API, whose types are package hub/api), config.go (the configuration
+// file and its one literal of defaults).
 //
 // What runs beside the core plugs in through Layer (layer.go), whose single-hub
 // implementation does nothing: the replica layer (package hub/replicas) is one, wired in
 // by cmd/hub only when the configuration has a replicas section.
 //
-// It does not watch Kubernetes or files (the minion does). Its only certificates are those
-// of its optional development CA (package tls).
+// It does not watch Kubernetes or resource files (the minion does); the only file it follows
+// is its own configuration (RunWithReload). Its only certificates are those of its optional
+// development CA (package tls).
 package hub

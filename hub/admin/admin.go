@@ -1,7 +1,8 @@
 // Package admin is the operator's command line for a hub: `hub status`,
 // `hub why COLLECTION NAMESPACE/NAME` and `hub whatif`, which read a running hub's admin
-// API and print human-readable tables (or the API's JSON with -o json), and `hub certs
-// issue`, which issues a cluster's or a sink's certificate from the hub's development CA.
+// API and print human-readable tables (or the API's JSON with -o json), `hub certs issue`,
+// which issues a cluster's or a sink's certificate from the hub's development CA, and `hub
+// subscribe`, an MCP sink that prints what the hub serves it.
 //
 // Nothing here changes a running hub. It is not the admin API itself (package hub serves
 // that); it reads the API's documents as package hub/api defines them, and links neither the
