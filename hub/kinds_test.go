@@ -20,6 +20,7 @@ import (
 	"github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/internal/testkit/adstest"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -79,9 +80,7 @@ func TestXDSServesTrafficExtensionAndConfiguredKinds(t *testing.T) {
 	h := kindsTestHub(t)
 	testrun.Start(t, "Run", h.Run)
 	var serve string
-	for deadline := time.Now().Add(10 * time.Second); serve == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		_, serve, _ = h.Addrs()
-	}
+	testwait.For(t, 10*time.Second, "the serve listener", func() bool { _, serve, _ = h.Addrs(); return serve != "" })
 	c := adstest.Dial(t, serve, nil, &corepb.Node{Id: "istiod-1"})
 	want := map[string]string{
 		"extensions.istio.io/v1alpha1/TrafficExtension": "shop/a",

@@ -274,14 +274,8 @@ func TestBroadcastSpreads(t *testing.T) {
 		for i, m := range all {
 			m.Hold(fmt.Sprintf("c%d-%d", i, round))
 		}
-		deadline := time.Now().Add(3 * time.Second)
 		for _, m := range all {
-			for len(m.Authorities()) != 3*(round+1) {
-				if time.Now().After(deadline) {
-					t.Fatalf("round %d: %s sees %v", round, m.cfg.Name, m.Authorities())
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			eventually(t, fmt.Sprintf("round %d: %s sees every holding", round, m.cfg.Name), func() bool { return len(m.Authorities()) == 3*(round+1) })
 		}
 	}
 }
@@ -301,14 +295,8 @@ func TestChangesRightAfterJoin(t *testing.T) {
 	a.Hold("c1")
 	b.Hold("c2")
 	c.Hold("c3")
-	deadline := time.Now().Add(3 * time.Second)
 	for _, m := range []*Members{a, b, c} {
-		for len(m.Authorities()) != 3 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s sees %v", m.cfg.Name, m.Authorities())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		eventually(t, m.cfg.Name+" sees every holding", func() bool { return len(m.Authorities()) == 3 })
 	}
 }
 
