@@ -3,7 +3,8 @@ package interop
 import (
 	"context"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -63,15 +64,6 @@ func othersThan(keep string) []string {
 	return out
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // TestHubIngestFromIstioSourceServingOnlyVirtualServices: a Galley-style source (Istio's
 // source client, dialing the hub) that serves only VirtualServices, against a hub in its
 // default configuration. Every other collection is refused by the source leaving the stream
@@ -89,7 +81,7 @@ func TestHubIngestFromIstioSourceServingOnlyVirtualServices(t *testing.T) {
 	// Istio's client dials again a second after leaving a stream, and a refusal takes two.
 	waitUntilFor(t, 2*time.Minute, "cluster east synced", func() (bool, string) { return h.ClusterSynced("east"), fmt.Sprint(h.Clusters()) })
 	st := h.Clusters()[0]
-	if got, want := sortedKeys(st.RefusedCollections), othersThan(collA); !equalStrings(got, want) {
+	if got, want := slices.Sorted(maps.Keys(st.RefusedCollections)), othersThan(collA); !slices.Equal(got, want) {
 		t.Errorf("status refusedCollections = %v, want %v", got, want)
 	}
 	if st.Resources[collA] != 1 {
@@ -169,7 +161,7 @@ func TestMinionFollowsIstioSourceServingOnlyVirtualServices(t *testing.T) {
 		return m.Ready() && m.Cache().Len(collA) == 1, fmt.Sprint(m.Status())
 	})
 	src := m.Status().Sources[0]
-	if got, want := sortedKeys(src.RefusedCollections), othersThan(collA); !equalStrings(got, want) {
+	if got, want := slices.Sorted(maps.Keys(src.RefusedCollections)), othersThan(collA); !slices.Equal(got, want) {
 		t.Errorf("source refusedCollections = %v, want %v", got, want)
 	}
 }
@@ -202,18 +194,6 @@ func TestMinionFollowsIncrementalIstioSourceAcrossDeletions(t *testing.T) {
 	waitUntil(t, "the minion holding only default/reviews of each collection", func() (bool, string) {
 		return m.Cache().Len(collA) == 1 && m.Cache().Len(collB) == 1, fmt.Sprint(m.Status())
 	})
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestHubAcksIstioSourcePartlyRefusedPush: Istio's incremental source reads a NACK as
