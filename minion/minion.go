@@ -284,6 +284,13 @@ func (m *Minion) onAttemptEnd(addr string, _ error) {
 // Run runs the sources, then — once every source has synced, so a restart never publishes
 // an empty state — the destinations, until ctx ends.
 func (m *Minion) Run(ctx context.Context) error {
+	// The relay's state first: a minion that cannot open it returns having started nothing.
+	if m.relay != nil {
+		if err := m.relay.open(); err != nil {
+			return err
+		}
+		defer m.relay.close()
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	if m.cfg.HTTP != "" {
 		addr, err := ops.ServeHTTP(ctx, g, m.cfg.HTTP, m.httpHandler())
@@ -300,10 +307,6 @@ func (m *Minion) Run(ctx context.Context) error {
 	if m.relay != nil {
 		// The relay serves and follows the hub from the start, whether or not this minion's
 		// own sources have synced: istiod depends on it, not on them.
-		if err := m.relay.open(); err != nil {
-			return err
-		}
-		defer m.relay.close()
 		g.Go(func() error { return m.relay.serve(ctx) })
 		addrs, _ := parsePushURL(m.cfg.Destinations.Push[0])
 		g.Go(func() error {
