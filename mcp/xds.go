@@ -224,29 +224,26 @@ func (s *XDSServer) handle(info *StreamInfo, log *slog.Logger, types map[string]
 		m.ignored("stale_nonce")
 		log.Debug("ignoring a request with a stale nonce", "type_url", url, logNonce, req.GetResponseNonce())
 	case req.GetErrorDetail() != nil:
-		detail := req.GetErrorDetail()
-		ev := t.answered(detail)
+		ev := s.answered(info, t, req.GetErrorDetail())
 		t.failed, t.failedVersion = true, t.sentVersion
-		m.sinkAckAs("source", t.collection, ev.Code)
-		s.opts.Hooks.acked(info, ev)
 		log.Warn("xds client rejected a response; not resending it until the collection changes",
 			"type_url", url, logVersion, t.sentVersion, "code", ev.Code.String(), "message", ev.Message)
 	default:
-		ev := t.answered(nil)
+		s.answered(info, t, nil)
 		t.failed = false
-		m.sinkAckAs("source", t.collection, codes.OK)
-		s.opts.Hooks.acked(info, ev)
 	}
 }
 
-// answered completes t's outstanding response with an ACK (detail nil) or a NACK and
-// returns the event hooks are told.
-func (t *xdsType) answered(detail *rpcstatus.Status) AckEvent {
+// answered completes t's outstanding response with an ACK (detail nil) or a NACK: it counts
+// it, tells the hooks, and returns what they were told.
+func (s *XDSServer) answered(info *StreamInfo, t *xdsType, detail *rpcstatus.Status) AckEvent {
 	ev := AckEvent{Collection: t.key(), TypeURL: t.typeURL, Nonce: t.pendingNonce, Version: t.sentVersion, Latency: time.Since(t.sentAt)}
 	if detail != nil {
 		ev.Code, ev.Message, ev.Detail = codes.Code(detail.GetCode()), detail.GetMessage(), detail
 	}
 	t.pendingNonce = ""
+	s.adm.cfg.Metrics.sinkAckAs("source", t.collection, ev.Code)
+	s.opts.Hooks.acked(info, ev)
 	return ev
 }
 
