@@ -20,11 +20,13 @@
 // initial_resource_versions; pushes never exceed the configured message size (incremental
 // ones are split); unserved collections get an empty state instead of a dead stream; a NACK
 // that says the rest was applied (RejectionError) holds the version. As a sink, with a peer
-// that is not this engine (it says so with ResumesHeader): collections it refuses are left
-// out, and a collection's first push on a stream is its full state (Negotiation).
+// that does not say it is this engine (ResumesHeader, StreamInfo.PeerResumes): collections it
+// refuses are left out, and a collection's first push on a stream is taken as its full state
+// (Negotiation). A sink reports as it goes in its SinkNode (SinkOptions.Annotations,
+// Sink.Report, StatusNonce; StreamInfo.LatestNode on the source side).
 //
 // XDSServer serves the same Watcher over MCP-over-xDS (envoy's ADS, state of the world), as
-// istiod 1.9+ consumes it; Redial keeps a client stream up with backoff. A store ends a
+// istiod 1.9+ consumes it, observed through the same Hooks; Redial keeps a client stream up with backoff. A store ends a
 // stream it can no longer serve as it is (after a routing change) with StreamInfo.Close.
 //
 // It is not a store of record, a router or an ACL: those are the hub's and minion's.
