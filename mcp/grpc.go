@@ -227,7 +227,7 @@ func (s *Source) PushTo(parent context.Context, conn grpc.ClientConnInterface) e
 // identity and node, so the Watcher routes it as it would that sink dialing in (a hub dialing
 // out to a sink that only listens uses this with the sink's configured identity).
 func (s *Source) PushToAs(parent context.Context, conn grpc.ClientConnInterface, identity string, node *mcppb.SinkNode) error {
-	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(parent, metadata.Join(mdFrom(parent), resumesMD)))
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(parent, ResumesHeader, "1"))
 	defer cancel()
 	st, err := conn.NewStream(ctx, &mcppb.ResourceSink_ServiceDesc.Streams[0], mcppb.ResourceSink_EstablishResourceStream_FullMethodName, callOptions()...)
 	if err != nil {
@@ -269,12 +269,6 @@ func (k *Sink) pullOnce(parent context.Context, conn grpc.ClientConnInterface, o
 		return fmt.Errorf("open ResourceSource stream to %s: %w", target(conn), err)
 	}
 	return k.Serve(ctx, st, newStreamInfo("sink", "client", target(conn), ""))
-}
-
-// mdFrom returns the outgoing metadata ctx already carries (a caller's identity header).
-func mdFrom(ctx context.Context) metadata.MD {
-	md, _ := metadata.FromOutgoingContext(ctx)
-	return md
 }
 
 // clientError reports the caller's own cancellation as its context error rather than as the

@@ -1,11 +1,15 @@
 package mcp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -169,4 +173,41 @@ func TestSinkFullStateAwaitedAfterARefusedFirstPush(t *testing.T) {
 	src.push(&mcppb.Resources{Collection: vs, Nonce: "3", Incremental: true, Resources: []*mcpapi.Resource{res("ns/a", "1", "A")}})
 	src.next()
 	rec.waitState(t, vs, map[string]string{"ns/a": "1"})
+}
+
+// Source.PushTo says it resumes (ResumesHeader) next to the caller's own metadata (its
+// identity header), and the sink server sees both; SourceServer says so in its header.
+func TestSourceSaysItResumes(t *testing.T) {
+	c := NewCache(vs)
+	c.Put(vs, entry(t, "ns/a", "1"))
+	src := newTestSource(t, c)
+	infos := make(chan *StreamInfo, 1)
+	sink := newTestSink(t, newRecorder(), []string{vs})
+	addr := serve(t, func(s *grpc.Server) {
+		NewSinkServer(func(_ context.Context, i *StreamInfo) (*Sink, error) { infos <- i; return sink, nil },
+			ServerConfig{Logger: testLogger(t), Authenticate: identityFromMetadata}).Register(s)
+	})
+	cc := dial(t, addr)
+	goRun(t, func(ctx context.Context) error {
+		return src.PushTo(metadata.AppendToOutgoingContext(ctx, "x-test-identity", "minion"), cc)
+	})
+	select {
+	case i := <-infos:
+		if i.Identity != "minion" || !i.PeerResumes() {
+			t.Errorf("the sink server saw identity %q, resumes %v; want minion, true", i.Identity, i.PeerResumes())
+		}
+	case <-time.After(waitFor):
+		t.Fatal("PushTo opened no stream")
+	}
+
+	addr = serve(t, func(s *grpc.Server) { NewSourceServer(src, ServerConfig{Logger: testLogger(t)}).Register(s) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := mcppb.NewResourceSourceClient(dial(t, addr)).EstablishResourceStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, err := st.Header(); err != nil || !mdResumes(md) {
+		t.Errorf("SourceServer's header = %v, %v; want %s", md, err, ResumesHeader)
+	}
 }
