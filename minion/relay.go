@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -69,28 +70,29 @@ type Relay struct {
 	sink  *mcp.Sink
 	db    *bolt.DB // nil without a state file
 	creds credentials.TransportCredentials
-	ready atomic.Bool // it has a whole state to serve
 	addr  atomic.Pointer[string]
 	mm    *mcp.Metrics
-	// streams counts the relay's open serving streams.
-	streams atomic.Int64
 
 	upstream atomic.Int64 // open streams to the hub
-	down     sync.Map     // *mcp.StreamInfo -> *api.RelayedSink: the sinks it serves
-	downMu   sync.Mutex   // guards the RelayedSinks' fields
+
+	downMu sync.Mutex                           // guards down and its RelayedSinks
+	down   map[*mcp.StreamInfo]*api.RelayedSink // the sinks it serves, by stream
 
 	mu         sync.Mutex      // guards the following fields
-	got        map[string]bool // collections received whole from the hub on this stream
-	lastSynced time.Time       // when got last became complete
+	kept       bool            // the state file held a whole state at the start
+	got        map[string]bool // collections received whole from the hub on its current stream
+	lastSynced time.Time       // when got last became complete (zero: not since the start)
 }
 
-// newRelay opens the relay's state (serving it at once if it is whole) and its sink.
+// newRelay builds the relay: its cache, its listener's credentials and its sink of the hub's
+// pushes. Its state file is opened by open, when the minion runs.
 func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Logger, mm *mcp.Metrics) (*Relay, error) {
 	colls := cfg.Collections
 	if len(colls) == 0 {
 		colls = table.Collections()
 	}
-	r := &Relay{cfg: cfg, log: log.With("component", "relay"), table: table, cache: mcp.NewCache(colls...), mm: mm, got: map[string]bool{}}
+	r := &Relay{cfg: cfg, log: log.With("component", "relay"), table: table, cache: mcp.NewCache(colls...), mm: mm,
+		down: map[*mcp.StreamInfo]*api.RelayedSink{}, got: map[string]bool{}}
 	if cfg.TLS != nil {
 		ts, err := meshtls.NewSource(*cfg.TLS, r.log)
 		if err != nil {
@@ -134,7 +136,9 @@ func (r *Relay) open() error {
 		return fmt.Errorf("relay.stateFile %s: %w", r.cfg.StateFile, err)
 	}
 	if whole {
-		r.ready.Store(true)
+		r.mu.Lock()
+		r.kept = true
+		r.mu.Unlock()
 		r.log.Info("serving the last state received from the hub until it answers", "file", r.cfg.StateFile, "resources", n)
 	}
 	return nil
@@ -148,7 +152,11 @@ func (r *Relay) close() {
 }
 
 // Ready reports whether the relay serves: it has a whole state, from its file or the hub.
-func (r *Relay) Ready() bool { return r.ready.Load() }
+func (r *Relay) Ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kept || !r.lastSynced.IsZero()
+}
 
 // Addr is the relay listener's bound address ("" until it listens).
 func (r *Relay) Addr() string {
@@ -164,24 +172,26 @@ func (r *Relay) Addr() string {
 const maxReported = 64
 
 func (r *Relay) downOpened(i *mcp.StreamInfo) {
-	r.streams.Add(1)
-	r.down.Store(i, &api.RelayedSink{Protocol: i.Protocol, Collections: map[string]*api.RelayedCollection{}})
+	r.downMu.Lock()
+	r.down[i] = &api.RelayedSink{Protocol: i.Protocol, Collections: map[string]*api.RelayedCollection{}}
+	r.downMu.Unlock()
 }
 
 func (r *Relay) downClosed(i *mcp.StreamInfo, _ error) {
-	r.streams.Add(-1)
-	r.down.Delete(i)
+	r.downMu.Lock()
+	delete(r.down, i)
+	r.downMu.Unlock()
 	r.sink.Report()
 }
 
-// downUpdate changes what the relay knows of a downstream sink, under downMu.
+// downUpdate changes what the relay knows of a downstream sink.
 func (r *Relay) downUpdate(i *mcp.StreamInfo, coll string, f func(*api.RelayedCollection)) {
-	v, ok := r.down.Load(i)
-	if !ok {
+	r.downMu.Lock()
+	defer r.downMu.Unlock()
+	rs := r.down[i]
+	if rs == nil {
 		return
 	}
-	rs := v.(*api.RelayedSink)
-	r.downMu.Lock()
 	rs.NodeID = i.Node().GetId()
 	c := rs.Collections[coll]
 	if c == nil {
@@ -189,7 +199,6 @@ func (r *Relay) downUpdate(i *mcp.StreamInfo, coll string, f func(*api.RelayedCo
 		rs.Collections[coll] = c
 	}
 	f(c)
-	r.downMu.Unlock()
 }
 
 func (r *Relay) downPushed(i *mcp.StreamInfo, ev mcp.PushEvent) {
@@ -211,16 +220,17 @@ func (r *Relay) downAcked(i *mcp.StreamInfo, ev mcp.AckEvent) {
 func (r *Relay) reported() map[string]string {
 	var out []api.RelayedSink
 	r.downMu.Lock()
-	r.down.Range(func(_, v any) bool {
-		rs := v.(*api.RelayedSink)
+	for _, rs := range r.down {
+		if len(out) == maxReported {
+			break
+		}
 		c := api.RelayedSink{NodeID: rs.NodeID, Protocol: rs.Protocol, Collections: map[string]*api.RelayedCollection{}}
 		for k, v := range rs.Collections {
 			vv := *v
 			c.Collections[k] = &vv
 		}
 		out = append(out, c)
-		return len(out) < maxReported
-	})
+	}
 	r.downMu.Unlock()
 	sort.Slice(out, func(a, b int) bool { return out[a].NodeID < out[b].NodeID })
 	b, err := json.Marshal(out)
@@ -236,8 +246,8 @@ type RelayStatus struct {
 	Addr string `json:"addr"`
 	// Serving: it has a whole state (from its file or the hub) and answers istiod.
 	Serving bool `json:"serving"`
-	// FromHub: every collection has arrived from the hub since the minion started
-	// (otherwise what is served is the kept state, or nothing).
+	// FromHub: every collection has arrived whole from the hub since the minion started
+	// (LastSynced is set; otherwise what is served is the kept state, or nothing).
 	FromHub bool `json:"fromHub"`
 	// Objects served, by collection.
 	Objects map[string]int `json:"objects"`
@@ -252,17 +262,16 @@ type RelayStatus struct {
 
 // Status returns the relay's state.
 func (r *Relay) Status() RelayStatus {
-	st := RelayStatus{Addr: r.Addr(), Serving: r.ready.Load(), Objects: map[string]int{}, Streams: int(r.streams.Load()),
-		HubConnected: r.upstream.Load() > 0}
+	st := RelayStatus{Addr: r.Addr(), Objects: map[string]int{}, HubConnected: r.upstream.Load() > 0}
+	r.downMu.Lock()
+	st.Streams = len(r.down)
+	r.downMu.Unlock()
 	r.mu.Lock()
-	st.FromHub = len(r.got) > 0
-	for _, c := range r.sink.Collections() {
-		st.FromHub = st.FromHub && r.got[c]
-	}
-	if !r.lastSynced.IsZero() {
+	if st.FromHub = !r.lastSynced.IsZero(); st.FromHub {
 		t := r.lastSynced
 		st.LastSynced = &t
 	}
+	st.Serving = r.kept || st.FromHub
 	r.mu.Unlock()
 	for _, c := range r.cache.Collections() {
 		st.Objects[c] = r.cache.Len(c)
@@ -296,15 +305,16 @@ func (r *Relay) apply(_ context.Context, c *mcp.Change) error {
 	} else {
 		r.cache.Replace(c.Collection, c.Entries)
 	}
-	if !c.More && r.delivered(c.Collection) && !r.ready.Load() {
+	if !c.More && r.delivered(c.Collection) {
 		r.markWhole()
 	}
 	return nil
 }
 
-// delivered records that collection arrived whole from the hub on the current stream and
-// reports whether every collection has.
-func (r *Relay) delivered(collection string) bool {
+// delivered records that collection arrived whole from the hub on the current stream. It
+// reports whether that gave the relay its first whole state to serve: every collection has
+// now arrived on this stream, and the relay had served neither the hub's state nor a kept one.
+func (r *Relay) delivered(collection string) (first bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.got[collection] = true
@@ -313,8 +323,9 @@ func (r *Relay) delivered(collection string) bool {
 			return false
 		}
 	}
+	first = !r.kept && r.lastSynced.IsZero()
 	r.lastSynced = time.Now()
-	return true
+	return first
 }
 
 // upstreamOpened and upstreamClosed follow the relay's stream to the hub: a new stream
@@ -328,9 +339,9 @@ func (r *Relay) upstreamOpened(*mcp.StreamInfo) {
 
 func (r *Relay) upstreamClosed(*mcp.StreamInfo, error) { r.upstream.Add(-1) }
 
-// markWhole records that every collection has been received whole: from now on the relay
-// serves, and so would a restart before the hub answers, as long as it relays the same
-// collections.
+// markWhole records in the state file that every collection has been received whole (the
+// relay serves from then on): a restart before the hub answers serves it too, as long as it
+// relays the same collections.
 func (r *Relay) markWhole() {
 	if r.db != nil {
 		if err := r.db.Update(func(tx *bolt.Tx) error {
@@ -343,7 +354,6 @@ func (r *Relay) markWhole() {
 			r.log.Error("cannot mark the relayed state whole", "err", err)
 		}
 	}
-	r.ready.Store(true)
 	r.log.Info("relaying the hub's state for this cluster")
 }
 
@@ -474,7 +484,7 @@ func (r *Relay) serve(ctx context.Context) error {
 }
 
 func (r *Relay) admit(context.Context) (string, error) {
-	if !r.ready.Load() {
+	if !r.Ready() {
 		return "", status.Error(codes.Unavailable, "the relay has no state yet: waiting for the hub")
 	}
 	return "", nil
@@ -483,17 +493,8 @@ func (r *Relay) admit(context.Context) (string, error) {
 // resolve maps istiod's type URLs to the relayed collections.
 func (r *Relay) resolve(typeURL string) (string, bool) {
 	k, ok := r.table.ForTypeURL(typeURL)
-	if !ok || !r.relays(k.Collection) {
+	if !ok || !slices.Contains(r.cache.Collections(), k.Collection) {
 		return "", false
 	}
 	return k.Collection, true
-}
-
-func (r *Relay) relays(collection string) bool {
-	for _, c := range r.cache.Collections() {
-		if c == collection {
-			return true
-		}
-	}
-	return false
 }

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/mcp/kinds"
 )
 
 // A minion whose relay state file cannot be opened does not run, and leaves nothing running
@@ -30,5 +33,46 @@ func TestRunRelayStateUnopenableStartsNothing(t *testing.T) {
 	}
 	if m.sources[0].Synced() {
 		t.Error("the fs:// source ran after Run returned")
+	}
+}
+
+// fromHub says the relay has had every collection whole from the hub since the minion
+// started: a new stream to the hub (a reconnect) that has not delivered them all again yet
+// does not make what it serves any less the hub's.
+func TestRelayStatusFromHubAcrossReconnects(t *testing.T) {
+	table, err := kinds.NewTable(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRelay(RelayConfig{Listen: "127.0.0.1:0", Collections: []string{vsColl, drColl}}, "east", table, testLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := func(coll string) {
+		t.Helper()
+		if err := r.apply(context.Background(), &mcp.Change{Collection: coll}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.upstreamOpened(nil)
+	whole(vsColl)
+	if st := r.Status(); st.Serving || st.FromHub || st.LastSynced != nil || r.Ready() {
+		t.Fatalf("one collection of two: %+v, want not serving", st)
+	}
+	whole(drColl)
+	st := r.Status()
+	if !st.Serving || !st.FromHub || st.LastSynced == nil || !st.HubConnected || !r.Ready() {
+		t.Fatalf("both collections: %+v, want serving from the hub", st)
+	}
+	synced := *st.LastSynced
+	r.upstreamClosed(nil, nil)
+	r.upstreamOpened(nil)
+	whole(vsColl)
+	if st := r.Status(); !st.Serving || !st.FromHub || st.LastSynced == nil || !st.LastSynced.Equal(synced) || !st.HubConnected {
+		t.Errorf("a new stream that delivered one collection of two: %+v, want serving from the hub, last synced %v", st, synced)
+	}
+	whole(drColl)
+	if st := r.Status(); !st.FromHub || st.LastSynced == nil || st.LastSynced.Before(synced) {
+		t.Errorf("the new stream delivered both: %+v, want synced again", st)
 	}
 }
