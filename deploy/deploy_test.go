@@ -833,3 +833,50 @@ func TestMinionConfigMapParses(t *testing.T) {
 		t.Errorf("minion.yaml: tls = %+v, want the mounted Secret's files", cfg.TLS)
 	}
 }
+
+// TestMinionRelayObjectsAgree: the minion's relay, as deployed, is reachable and keeps its
+// state: the ConfigMap's relay listens on the container's port "relay", which the Service
+// meshfed-relay targets, also while the minion is not ready (its relay serves before its
+// own sources have synced); its state file is on a writable volume.
+func TestMinionRelayObjectsAgree(t *testing.T) {
+	objs := mustRender(t, "minion")
+	cm := typed[corev1.ConfigMap](t, find(t, objs, "ConfigMap", "meshfed-minion"))
+	cfg, err := minion.ParseConfig([]byte(cm.Data["minion.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Relay == nil || cfg.Relay.StateFile == "" {
+		t.Fatalf("minion.yaml: relay = %+v, want a listener and a state file", cfg.Relay)
+	}
+	_, port, err := net.SplitHostPort(cfg.Relay.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := typed[appsv1.Deployment](t, find(t, objs, "Deployment", "meshfed-minion"))
+	c := dep.Spec.Template.Spec.Containers[0]
+	var containerPort int32
+	for _, p := range c.Ports {
+		if p.Name == "relay" {
+			containerPort = p.ContainerPort
+		}
+	}
+	if fmt.Sprint(containerPort) != port {
+		t.Errorf("relay listens on port %s; the container's port relay is %d", port, containerPort)
+	}
+	svc := typed[corev1.Service](t, find(t, objs, "Service", "meshfed-relay"))
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.StrVal != "relay" {
+		t.Errorf("Service meshfed-relay ports %+v, want one targeting the container's port relay", svc.Spec.Ports)
+	}
+	if !svc.Spec.PublishNotReadyAddresses {
+		t.Error("Service meshfed-relay: publishNotReadyAddresses must be true: the relay serves before its minion is ready")
+	}
+	writable := false
+	for _, m := range c.VolumeMounts {
+		if strings.HasPrefix(cfg.Relay.StateFile, m.MountPath+"/") && !m.ReadOnly {
+			writable = true
+		}
+	}
+	if !writable {
+		t.Errorf("relay.stateFile %s is on no writable volume of the container", cfg.Relay.StateFile)
+	}
+}

@@ -13,7 +13,8 @@
 //   - views.go: one mcp.Cache per distinct routing subset (package routing), kept up to
 //     date with the winners it includes, shared and encoded once for all its sinks.
 //   - serve.go: each sink's stream (MCP ResourceSource, MCP over xDS for istiod, dial-out
-//     to a sink that only listens) watches its subset's view; sink is the one function
+//     to a sink that only listens; on the serve listener, or on serveUnauthenticated for
+//     istiods that present no certificate) watches its subset's view; sink is the one function
 //     that says who a sink is; the engine (package mcp) pushes and follows ACKs.
 //
 // Around that path: cluster.go (each cluster's lifecycle from entering to leaving the

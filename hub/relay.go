@@ -20,7 +20,7 @@ import (
 // identity, and is a relay otherwise.
 
 // relayListener marks the relays' streams (mcp.ServerConfig.Listener): routing selects them
-// only by rules that name identities.
+// only by rules marked relays: true.
 const relayListener = "ingest-relay"
 
 // layerPeers is a Layer's ResourceSource on the ingest listener and the identities it

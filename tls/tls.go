@@ -5,7 +5,8 @@
 // does during a CA rotation.
 //
 // Servers verify client certificates themselves, against the bundle of each handshake, so
-// every refusal is classified (ServerConfigWith). ID and ParseID name the mesh's SPIFFE
+// every refusal is classified (ServerConfigWith); ServerOnlyConfig serves the certificate
+// and asks for none (for istiod, which presents none). ID and ParseID name the mesh's SPIFFE
 // identities (spiffe://<trust-domain>/<kind>/<name>). DevCA is a development certificate
 // authority kept in a state directory, used only when a configuration asks for it.
 //
