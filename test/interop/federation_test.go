@@ -223,3 +223,38 @@ func TestHubAcksIstioSourcePartlyRefusedPush(t *testing.T) {
 		t.Errorf("rejections = %v, want other/x still refused", st.Rejections)
 	}
 }
+
+// TestHubFollowsIncrementalIstioSourceAcrossDeletions: Istio's incremental source client
+// (Galley with incremental on) restarted after deletions: its new stream's first push of all
+// but one collection says incremental and lists everything without removals. The hub, in
+// its default behaviour, takes each collection's first push on a stream from a source that
+// does not resume as its full state, so neither deleted object stays served.
+func TestHubFollowsIncrementalIstioSourceAcrossDeletions(t *testing.T) {
+	t.Parallel()
+	h := runTestHub(t, func(cfg *hub.Config) { cfg.Collections = []string{collA, collB} })
+	ingest, _, _ := h.Addrs()
+	cfg := peerConfig{mode: "source-client", addr: ingest, collections: []string{collA, collB}, incremental: true, meta: mcp.DevIdentityHeader + "=east"}
+	istio := startPeer(t, cfg)
+	both := func(version string, names ...string) {
+		vs, dr := map[string]proto.Message{}, map[string]proto.Message{}
+		for _, n := range names {
+			vs[n] = vsSpec(n[len("default/"):] + ".example.com")
+			dr[n] = &networking.DestinationRule{Host: n[len("default/"):] + ".example.com"}
+		}
+		istio.setSpecs(collA, "vs-"+version, vs)
+		istio.setSpecs(collB, "dr-"+version, dr)
+	}
+	held := func(n int) func() (bool, string) {
+		return func() (bool, string) {
+			st := h.Clusters()[0]
+			return st.Resources[collA] == n && st.Resources[collB] == n, fmt.Sprint(st.Resources)
+		}
+	}
+	both("1", "default/ratings", "default/reviews")
+	waitUntil(t, "east holding both objects of each collection", held(2))
+
+	istio.kill()
+	istio = startPeer(t, cfg)
+	both("2", "default/reviews")
+	waitUntil(t, "east holding only default/reviews of each collection", held(1))
+}
