@@ -2,7 +2,6 @@ package minion
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -18,6 +17,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 )
@@ -87,15 +87,7 @@ func startFileSource(t *testing.T, root string, colls ...string) (*FileSource, *
 	store := NewStore(cache, []string{"fs"}, testLog(t))
 	src := NewFileSource("fs", root, kinds, store, testLog(t), nil)
 	src.debounce = 10 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testrun.Start(t, "Run", src.Run)
 	eventually(t, "first scan", src.Synced)
 	return src, cache
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -231,36 +230,3 @@ func body[T proto.Message](t testing.TB, r *mcpapi.Resource, msg T) T {
 
 // waitFor polls cond for up to d (testwait.For).
 var waitFor = testwait.For
-
-// metricValue returns the value of the minion's metric with exactly these labels (0 if
-// absent).
-func metricValue(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, mt := range mf.GetMetric() {
-			if len(mt.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, lp := range mt.GetLabel() {
-				if labels[lp.GetName()] != lp.GetValue() {
-					continue next
-				}
-			}
-			switch {
-			case mt.Counter != nil:
-				return mt.GetCounter().GetValue()
-			case mt.Gauge != nil:
-				return mt.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
-}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 )
 
@@ -251,7 +252,7 @@ func TestKubeIntegration(t *testing.T) {
 		if hub.get(vsColl, "bad/typo") != nil {
 			t.Fatal("an invalid object was published")
 		}
-		if got := metricValue(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "invalid"}); got < 1 {
+		if got := promtest.Sum(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "invalid"}); got < 1 {
 			t.Errorf("invalid conversions metric = %v", got)
 		}
 		// Fixing it publishes it.
@@ -293,13 +294,13 @@ func TestKubeIntegration(t *testing.T) {
 		m := runMinion(t, f.minionConfig(hub, SourceConfig{Namespaces: []string{"resync"}, Resync: &Duration{Duration: time.Second}}))
 		waitFor(t, 30*time.Second, "sync", func() bool { return strings.Count(hub.names(vsColl), ",") == 4 })
 		waitFor(t, 10*time.Second, "event", func() bool { return len(f.events(t, "resync", "broken")) == 1 })
-		conv := metricValue(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "ok"})
+		conv := promtest.Sum(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "ok"})
 		pushes := hub.pushes()
 		// Two resyncs of all six objects (1s is client-go's minimum period) must have happened.
 		waitFor(t, 30*time.Second, "two resyncs", func() bool {
-			return metricValue(t, m.reg, "meshfed_minion_resyncs_skipped_total", map[string]string{"collection": vsColl}) >= 12
+			return promtest.Sum(t, m.reg, "meshfed_minion_resyncs_skipped_total", map[string]string{"collection": vsColl}) >= 12
 		})
-		if got := metricValue(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "ok"}); got != conv {
+		if got := promtest.Sum(t, m.reg, "meshfed_minion_conversions_total", map[string]string{"collection": vsColl, "result": "ok"}); got != conv {
 			t.Errorf("resyncs reconverted unchanged objects: conversions %v -> %v", conv, got)
 		}
 		if got := hub.pushes(); got != pushes {
@@ -330,7 +331,7 @@ func TestKubeIntegration(t *testing.T) {
 			ev := f.events(t, "rej", "denied")
 			return len(ev) == 1 && ev[0] == ReasonRejectedByHub+": "+why+" (x1)"
 		})
-		if got := metricValue(t, m.reg, "meshfed_minion_hub_rejections_total", map[string]string{"collection": vsColl}); got < 1 {
+		if got := promtest.Sum(t, m.reg, "meshfed_minion_hub_rejections_total", map[string]string{"collection": vsColl}); got < 1 {
 			t.Errorf("rejections metric = %v", got)
 		}
 		if len(f.events(t, "rej", "fine")) != 0 {

@@ -21,6 +21,8 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	meshtls "github.com/meshfed/meshfed/tls"
 	"github.com/meshfed/meshfed/tls/tlstest"
@@ -64,9 +66,9 @@ func TestMinionPushFailoverReconnectResume(t *testing.T) {
 	m := runMinion(t, fsConfig(root, "push://"+dead+","+hub.Addr))
 	waitFor(t, 10*time.Second, "initial push", func() bool { return hub.names(vsColl) == "shop/a,shop/b" && hub.names(drColl) == "shop/d" })
 	waitFor(t, 5*time.Second, "connected gauge", func() bool {
-		return metricValue(t, m.reg, "meshfed_minion_destination_connected", map[string]string{"destination": hub.Addr}) == 1
+		return promtest.Sum(t, m.reg, "meshfed_minion_destination_connected", map[string]string{"destination": hub.Addr}) == 1
 	})
-	if got := metricValue(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": dead, "result": "failed"}); got < 1 {
+	if got := promtest.Sum(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": dead, "result": "failed"}); got < 1 {
 		t.Errorf("failed attempts to the dead address = %v", got)
 	}
 	bVersion := hub.get(vsColl, "shop/b").GetMetadata().GetVersion()
@@ -74,7 +76,7 @@ func TestMinionPushFailoverReconnectResume(t *testing.T) {
 	// The hub goes away; changes made meanwhile accumulate and go out on reconnect.
 	hub.Stop()
 	waitFor(t, 5*time.Second, "disconnected gauge", func() bool {
-		return metricValue(t, m.reg, "meshfed_minion_destination_connected", map[string]string{"destination": hub.Addr}) == 0
+		return promtest.Sum(t, m.reg, "meshfed_minion_destination_connected", map[string]string{"destination": hub.Addr}) == 0
 	})
 	streams := hub.streamCount()
 	n := hub.pushes()
@@ -227,21 +229,13 @@ func TestRunWithReload(t *testing.T) {
 	}
 	write(t, cfgDir, "minion.yaml", conf(dir1))
 	tel := NewTelemetry()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- RunWithReload(ctx, path, testLog(t), tel) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunWithReload: %v", err)
-		}
-	}()
+	testrun.Start(t, "RunWithReload", func(ctx context.Context) error { return RunWithReload(ctx, path, testLog(t), tel) })
 	waitFor(t, 10*time.Second, "first config", func() bool { return hub.names(vsColl) == "ns/one" })
 
 	// An invalid file is refused and the running configuration keeps publishing.
 	write(t, cfgDir, "minion.yaml", conf(dir1)+"surprise: true\n")
 	waitFor(t, 10*time.Second, "refusal", func() bool {
-		return metricValue(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "refused"}) == 1
+		return promtest.Sum(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "refused"}) == 1
 	})
 	write(t, dir1, "ns/more.yaml", vsDoc("more", "", "more"))
 	waitFor(t, 10*time.Second, "still running", func() bool { return hub.names(vsColl) == "ns/more,ns/one" })
@@ -249,7 +243,7 @@ func TestRunWithReload(t *testing.T) {
 	// A valid change applies without a restart of the process.
 	write(t, cfgDir, "minion.yaml", conf(dir2))
 	waitFor(t, 10*time.Second, "second config", func() bool { return hub.names(vsColl) == "ns/two" })
-	if got := metricValue(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "applied"}); got != 1 {
+	if got := promtest.Sum(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "applied"}); got != 1 {
 		t.Errorf("applied reloads = %v", got)
 	}
 }
@@ -349,7 +343,7 @@ func TestMinionMutualTLS(t *testing.T) {
 	bad.TLS, bad.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: oc, Key: ok, CA: bundle}}, false
 	m := runMinion(t, bad)
 	waitFor(t, 10*time.Second, "failed attempts", func() bool {
-		return metricValue(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": hub.Addr, "result": "failed"}) >= 2
+		return promtest.Sum(t, m.reg, "meshfed_minion_destination_connects_total", map[string]string{"destination": hub.Addr, "result": "failed"}) >= 2
 	})
 	if p := hub.peerNames(); len(p) != 1 {
 		t.Fatalf("hub admitted streams from %v", p)

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 )
 
 // A refused configuration is logged and counted once, however often its directory changes:
@@ -38,21 +41,18 @@ func TestRefusedConfigurationOnce(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(appendTo("minion.log"), nil))
 	tel := NewTelemetry()
 	changes := make(chan *Config, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- watchConfig(ctx, path, current, time.Millisecond, log, tel, changes) }()
+	stop := testrun.Start(t, "watchConfig", func(ctx context.Context) error {
+		return watchConfig(ctx, path, current, time.Millisecond, log, tel, changes)
+	})
 	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("watchConfig: %v", err)
-		}
+		stop()
 		if t.Failed() {
 			log, _ := os.ReadFile(logPath)
 			t.Logf("minion.log:\n%s", log)
 		}
 	}()
 	refusals := func() float64 {
-		return metricValue(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "refused"})
+		return promtest.Sum(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": "refused"})
 	}
 
 	refused := conf("east") + "surprise: true\n"
@@ -98,17 +98,9 @@ func TestReloadWithRelayStateFile(t *testing.T) {
 	}
 	write(t, dir, "minion.yaml", conf("east"))
 	tel := NewTelemetry()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- RunWithReload(ctx, path, testLog(t), tel) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunWithReload: %v", err)
-		}
-	}()
+	testrun.Start(t, "RunWithReload", func(ctx context.Context) error { return RunWithReload(ctx, path, testLog(t), tel) })
 	reloads := func(result string) float64 {
-		return metricValue(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": result})
+		return promtest.Sum(t, tel.Registry, "meshfed_minion_config_reloads_total", map[string]string{"result": result})
 	}
 	waitFor(t, 10*time.Second, "the first minion holding the state file", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "relay.db"))
