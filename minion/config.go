@@ -266,12 +266,11 @@ func (c *Config) Validate() error {
 // kindTable is the table of the built-in and configured kinds.
 func (c *Config) kindTable() (*kinds.Table, error) { return kinds.NewTable(c.Kinds) }
 
-// canonicalCollections resolves the collections a file names (collections and each
-// source's), typed as users do, to
-// collection names through the table of the built-in and configured kinds, so that
-// everything after sees collection names only.
+// canonicalCollections resolves the collections a file names (collections, each source's
+// and the relay's), typed as users do, to collection names through the table of the
+// built-in and configured kinds, so that everything after sees collection names only.
 func (c *Config) canonicalCollections() error {
-	table, err := kinds.NewTable(c.Kinds)
+	table, err := c.kindTable()
 	if err != nil {
 		return err
 	}
@@ -299,7 +298,7 @@ func (c *Config) canonicalCollections() error {
 // ResolveKinds returns the kinds of the configured collections: those listed, else every
 // built-in kind and every kind under kinds.
 func (c *Config) ResolveKinds() ([]Kind, error) {
-	table, err := kinds.NewTable(c.Kinds)
+	table, err := c.kindTable()
 	if err != nil {
 		return nil, err
 	}

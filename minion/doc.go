@@ -4,9 +4,15 @@
 // Resource, and publishes the result to the hub by dialing out over the MCP ResourceSink
 // service (push://), optionally also serving ResourceSource locally for a hub that polls.
 // Rejections the hub reports come back as Warning Events on the source objects. Every
-// connection is mutual TLS unless the configuration says insecure; the configuration file
-// is watched and reloaded in-process.
+// connection to the hub is mutual TLS unless the configuration says insecure; the
+// configuration file is watched and reloaded in-process.
 //
-// It does not decide who may publish what (that is the hub's ownership ACL) and holds no
-// state beyond what it watches: a restart resyncs from the sources.
+// Optionally it relays (RelayConfig): over its connection to the hub it subscribes, with its
+// cluster's identity, to what the hub's routing gives its cluster, and re-serves that to the
+// cluster's istiod over MCP-over-xDS and MCP ResourceSource, keeping the last state received
+// in a state file so that istiod is served while the hub is unreachable and after a restart.
+//
+// It does not decide who may publish what (that is the hub's ownership ACL). What it
+// publishes it holds only as it watches it: a restart resyncs from the sources; the relay's
+// state file is the one state it keeps.
 package minion
