@@ -78,7 +78,6 @@ func vsYAML(name, ns, created string, hosts ...string) string {
 		name, ns, ts, strings.Join(hosts, ", "))
 }
 
-// runHub starts a hub on loopback with cfg (ports chosen by the OS).
 // hubCLI returns a function that runs the hub command `hub ARGS[0] -admin admin ARGS[1:]...`
 // (package hub/admin) and returns its output, failing t if it fails.
 func hubCLI(t *testing.T, admin string) func(args ...string) string {
@@ -92,6 +91,7 @@ func hubCLI(t *testing.T, admin string) func(args ...string) string {
 	}
 }
 
+// runHub starts a hub on loopback with cfg (ports chosen by the OS).
 func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 	t.Helper()
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -731,12 +731,8 @@ func TestClusterRemovedByReload(t *testing.T) {
 	if len(cl) != 1 || cl[0].Name != "east" {
 		t.Errorf("/api/clusters after west was removed: %+v", cl)
 	}
-	var out bytes.Buffer
-	if err := admincli.Run(context.Background(), []string{"status", "-admin", admin}, &out); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(out.String(), "west") {
-		t.Errorf("hub status lists the removed cluster:\n%s", out.String())
+	if out := hubCLI(t, admin)("status"); strings.Contains(out, "west") {
+		t.Errorf("hub status lists the removed cluster:\n%s", out)
 	}
 	if !h.Ready() {
 		t.Error("the warm-up still waits for the removed cluster")
@@ -769,21 +765,18 @@ func TestWhyExplainsNACKsAndHeldCopies(t *testing.T) {
 		getJSON(t, "http://"+admin+"/api/why?collection="+vs+"&name=shared/common", &why)
 		return len(why.Sinks) == 1 && why.Sinks[0].NACK != ""
 	})
-	var out bytes.Buffer
-	if err := admincli.Run(context.Background(), []string{"why", "-admin", admin, vs, "shared/common"}, &out); err != nil {
-		t.Fatal(err)
-	}
+	out := hubCLI(t, admin)("why", vs, "shared/common")
 	for _, want := range []string{
 		"served from cluster west",
 		`also published by east (version east/`,
 		`held: cluster "west"'s copy is served: its create_time 2024-01-01T00:00:00Z is older than "east"'s 2024-01-02T00:00:00Z`,
 		"rules all): refused the latest push (NACK InvalidArgument: host c.shared.example.com is not allowed here)",
 	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("hub why does not say %q:\n%s", want, out.String())
+		if !strings.Contains(out, want) {
+			t.Errorf("hub why does not say %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out.String(), "not yet acknowledged") {
-		t.Errorf("a sink that NACKed reads as not yet acknowledged:\n%s", out.String())
+	if strings.Contains(out, "not yet acknowledged") {
+		t.Errorf("a sink that NACKed reads as not yet acknowledged:\n%s", out)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/replicas"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -62,21 +63,7 @@ func startReplica(t *testing.T, cfg *hub.Config) (h replicaHub, stop func()) {
 		t.Fatal(err)
 	}
 	h = replicaHub{core, layer}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("hub %s Run: %v", cfg.Replicas.Name, err)
-		}
-	}
-	t.Cleanup(stop)
+	stop = testrun.Start(t, "hub "+cfg.Replicas.Name+" Run", h.Run)
 	waitFor(t, 10*time.Second, "replica listening", func() bool { i, s, _ := h.Addrs(); return s != "" && i != "" && h.Replicas() != nil })
 	return h, stop
 }

@@ -347,11 +347,7 @@ func TestSinkRoutedByCertificateName(t *testing.T) {
 	if len(sinks) != 1 || strings.Join(sinks[0].Rules, ",") != "prod" || opened.Load() != 1 {
 		t.Errorf("/api/sinks = %+v (streams opened: %d), want the one stream with rules [prod]", sinks, opened.Load())
 	}
-	var out bytes.Buffer
-	if err := admincli.Run(context.Background(), []string{"why", "-admin", admin, vs, "shop/cart"}, &out); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "rules prod): up to date") {
-		t.Errorf("hub why:\n%s", out.String())
+	if out := hubCLI(t, admin)("why", vs, "shop/cart"); !strings.Contains(out, "rules prod): up to date") {
+		t.Errorf("hub why:\n%s", out)
 	}
 }
