@@ -1,7 +1,7 @@
 // Package istiodtest runs a real istiod — pilot-discovery, built from the pinned module
 // test/istiod by package testbin — on 127.0.0.1 for tests, with its Istio configuration
 // coming from one config source (typically a hub's MCP-over-xDS address), and reads back
-// what it holds.
+// what it holds and how often its stream to that source closed.
 //
 // istiod needs a kube-apiserver for its service registry even when all Istio config comes
 // from configSources: Options.Kubeconfig points it at one (package kubetest runs one; an
@@ -93,12 +93,14 @@ type Istiod struct {
 	runs int
 }
 
-// run is one pilot-discovery process, with the addresses it has logged.
+// run is one pilot-discovery process, with what it has logged: the addresses it bound and
+// how often its stream to the config source closed.
 type run struct {
 	p *testproc.Proc
 
-	mu    sync.Mutex // guards addrs
-	addrs map[*regexp.Regexp]string
+	mu     sync.Mutex // guards addrs and closed
+	addrs  map[*regexp.Regexp]string
+	closed int
 }
 
 // tailLines is how many of istiod's last lines of output Output and failure messages show.
@@ -211,8 +213,12 @@ var (
 	grpcRE = regexp.MustCompile(`starting gRPC discovery service at (\S+)`)
 )
 
+// sourceClosed is what istiod's config-source client (pkg/adsc) logs when its stream ends;
+// it redials after.
+const sourceClosed = "connection closed with err"
+
 // start starts pilot-discovery; its output goes to the test's log, prefixed "istiod: "
-// ("istiod#2: " after a restart), and the addresses it binds are read from it.
+// ("istiod#2: " after a restart), and is read by run.read.
 func (i *Istiod) start() {
 	i.t.Helper()
 	i.mu.Lock()
@@ -223,14 +229,18 @@ func (i *Istiod) start() {
 		prefix = fmt.Sprintf("istiod#%d: ", i.runs)
 	}
 	r := &run{addrs: map[*regexp.Regexp]string{}}
-	r.p = testproc.Start(i.t, testproc.Options{Path: i.bin, Args: i.args, Env: i.env, Log: testlog.Writer(i.t, prefix), OnLine: r.readAddrs})
+	r.p = testproc.Start(i.t, testproc.Options{Path: i.bin, Args: i.args, Env: i.env, Log: testlog.Writer(i.t, prefix), OnLine: r.read})
 	i.r = r
 }
 
-// readAddrs remembers the first address each of httpRE and grpcRE finds in istiod's output.
-func (r *run) readAddrs(line string) {
+// read remembers the first address each of httpRE and grpcRE finds in istiod's output, and
+// counts the closes of its config-source stream.
+func (r *run) read(line string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if strings.Contains(line, sourceClosed) {
+		r.closed++
+	}
 	for _, re := range []*regexp.Regexp{httpRE, grpcRE} {
 		if m := re.FindStringSubmatch(line); m != nil && r.addrs[re] == "" {
 			r.addrs[re] = m[1]
@@ -258,6 +268,16 @@ func (i *Istiod) HTTPAddr() string { return i.current().addr(httpRE) }
 // GRPCAddr is the address of istiod's plaintext xDS server, or "" until it listens (after
 // its caches, the config source's included, have synced).
 func (i *Istiod) GRPCAddr() string { return i.current().addr(grpcRE) }
+
+// SourceStreamsClosed is how many times the current istiod process has logged that its
+// stream to the config source closed (it redials after): a test that stops the source waits
+// for it to know that istiod has seen it go, rather than sleeping.
+func (i *Istiod) SourceStreamsClosed() int {
+	r := i.current()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
 
 // Ready reports whether GET /ready answers 200: istiod's config source has answered every
 // type it asked for and its caches have synced.
