@@ -1,5 +1,5 @@
 // Package istiodtest runs a real istiod — pilot-discovery, built from the pinned module
-// test/istiod by package testbin — on 127.0.0.1 for tests, with its Istio configuration
+// test/istiod/pilot by package testbin — on 127.0.0.1 for tests, with its Istio configuration
 // coming from one config source (typically a hub's MCP-over-xDS address), and reads back
 // what it holds and how often its stream to that source closed.
 //

@@ -5,7 +5,8 @@
 // A binary is rebuilt only when its stamp (a hash of the module's go.mod, go.sum and the
 // local package sources) changes. Builds of the same binary by concurrent test processes are
 // serialized with a file lock, so `go test ./...` may ask for it from several packages at
-// once. `make testbins` (run by `make test`) builds them all up front.
+// once. `make testbins` (run by `make test`) builds them all up front. Own builds meshfed's
+// own commands (cmd/hub, cmd/minion) for tests that run them as processes, to kill them.
 //
 // It is test infrastructure, not product code: nothing in the product imports it.
 package testbin
