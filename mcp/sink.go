@@ -263,7 +263,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 		err = ks.request(1, false)
 	}
 	if err != nil {
-		return streamEnd(ctx, err, recvErr)
+		return streamEnd(ctx, err, recvErr, frames)
 	}
 
 	for {
@@ -277,7 +277,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 			return err
 		case b := <-frames:
 			if err := ks.handle(ctx, b); err != nil {
-				return streamEnd(ctx, err, recvErr)
+				return streamEnd(ctx, err, recvErr, frames)
 			}
 		case <-k.report:
 			if !info.PeerResumes() || len(ks.requested) == 0 {
@@ -285,7 +285,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 			}
 			req := &mcppb.RequestResources{SinkNode: k.node(), Collection: k.opts.Collections[0], ResponseNonce: StatusNonce}
 			if err := st.SendMsg(req); err != nil {
-				return streamEnd(ctx, err, recvErr)
+				return streamEnd(ctx, err, recvErr, frames)
 			}
 		}
 	}

@@ -160,7 +160,7 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 		err := ss.pushReady()
 		ss.mu.Unlock()
 		if err != nil {
-			return streamEnd(ctx, err, recvErr)
+			return streamEnd[struct{}](ctx, err, recvErr, nil) // requests are handled on the receiving goroutine
 		}
 	}
 }
@@ -551,18 +551,24 @@ func diffDeclared(entries []*Entry, declared map[string]string) (updated []*Entr
 }
 
 // streamEnd returns the real reason a send failed. gRPC reports a bare io.EOF from SendMsg
-// once the stream has ended; the status (PermissionDenied, Unavailable, ...) comes from
-// RecvMsg, which the stream's receive goroutine reports on recvErr.
-func streamEnd(ctx context.Context, sendErr error, recvErr <-chan error) error {
+// once the stream has ended; the status (PermissionDenied, Unavailable, an Istio source's
+// unsupported collection, ...) comes from RecvMsg, which the stream's receive goroutine
+// reports on recvErr. A receive goroutine that hands messages over on a channel (pending)
+// may be holding one when the send fails: those are dropped, so it gets to the end.
+func streamEnd[T any](ctx context.Context, sendErr error, recvErr <-chan error, pending <-chan T) error {
 	if !errors.Is(sendErr, io.EOF) {
 		return sendErr
 	}
-	select {
-	case err := <-recvErr:
-		if err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("%w (%w)", err, sendErr)
+	for {
+		select {
+		case err := <-recvErr:
+			if err != nil && !errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w (%w)", err, sendErr)
+			}
+			return sendErr
+		case <-pending:
+		case <-ctx.Done():
+			return sendErr
 		}
-	case <-ctx.Done():
 	}
-	return sendErr
 }

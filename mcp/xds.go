@@ -186,7 +186,7 @@ func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDisco
 			}
 			nonce++
 			if err := s.push(stream, info, log, t, strconv.FormatUint(nonce, 10)); err != nil {
-				return streamEnd(ctx, err, recvErr)
+				return streamEnd(ctx, err, recvErr, reqs)
 			}
 		}
 	}

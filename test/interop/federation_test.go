@@ -185,8 +185,10 @@ func TestMinionFollowsIncrementalIstioSourceAcrossDeletions(t *testing.T) {
 	}
 	both("1", "default/ratings", "default/reviews")
 	m := startFollowingMinion(t, istio.addr)
-	waitUntil(t, "the minion holding both objects of each collection", func() (bool, string) {
-		return m.Cache().Len(collA) == 2 && m.Cache().Len(collB) == 2, fmt.Sprint(m.Status())
+	// Settled first: ready, its negotiation done (the restart below is a restart of a source
+	// the minion follows, not one in the middle of its subscription).
+	waitUntil(t, "the minion ready, holding both objects of each collection", func() (bool, string) {
+		return m.Ready() && m.Cache().Len(collA) == 2 && m.Cache().Len(collB) == 2, fmt.Sprint(m.Status())
 	})
 
 	istio = istio.restart()
