@@ -13,6 +13,11 @@
 //	/api/owners?host=H | ?namespace=N Owners
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
+//
+// Actions, which change the hub, are POST and need an authenticated operator (see the
+// README's "Operators"):
+//
+//	/api/clusters/{name}/breaker/release   BreakerRelease: apply a cluster's held deletions
 package api
 
 import "time"
@@ -42,9 +47,35 @@ type ClusterStatus struct {
 	// Conflicts are resources held but not served because another cluster's resource of
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+	// Breaker is the cluster's mass-deletion breaker: present while it holds deletions
+	// (open, or deletions waiting to see whether it opens).
+	Breaker *Breaker `json:"breaker,omitempty"`
 	// HeldBy is, with replicas, the replica holding the cluster's newest minion session
 	// (every other replica follows the cluster from it); absent when none holds it.
 	HeldBy *Holder `json:"heldBy,omitempty"`
+}
+
+// Breaker is what a cluster's mass-deletion breaker holds: deletions its source asked for
+// that the hub has not applied (the objects stay served).
+type Breaker struct {
+	// Open: the deletions exceeded the cluster's limit; they are held until the cluster's
+	// state recovers (the objects come back) or an operator releases them.
+	Open bool `json:"open"`
+	// Since is when it opened; Reason says which limit the deletions exceeded.
+	Since  *time.Time `json:"since,omitempty"`
+	Reason string     `json:"reason,omitempty"`
+	// Held is how many deletions are held, and Pending lists them by collection (at most
+	// 100 names per collection; Held counts them all).
+	Held    int                 `json:"held"`
+	Pending map[string][]string `json:"pending"`
+}
+
+// BreakerRelease is what releasing a cluster's breaker applied.
+type BreakerRelease struct {
+	Cluster  string `json:"cluster"`
+	Operator string `json:"operator"`
+	// Deleted is how many held deletions were applied, by collection.
+	Deleted map[string]int `json:"deleted"`
 }
 
 // Holder is the replica holding a cluster's newest minion session, and that session's
