@@ -123,6 +123,9 @@ type Config struct {
 	// Replicas makes this hub one replica of several acting as one hub (see
 	// ReplicasConfig; the layer is package hub/replicas). Absent: a single hub.
 	Replicas *ReplicasConfig `json:"replicas,omitempty"`
+	// Breaker holds a cluster's deletions that would withdraw too much of what it serves
+	// (see BreakerConfig; clusters[].breaker overrides it per cluster).
+	Breaker BreakerConfig `json:"breaker,omitempty"`
 }
 
 // Defaults returns every default of the hub's configuration, in one literal. ParseConfig
@@ -150,6 +153,10 @@ func Defaults() *Config {
 		// Istio's sinks redial in a tight loop when a stream fails: a few streams a second
 		// per peer is plenty for a healthy one.
 		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20},
+		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
+		// deletes a few objects or fewer than half of a collection, does not. Settling two
+		// seconds covers a source pushing each of its collections in turn.
+		Breaker: BreakerConfig{MaxDeleteShare: 0.5, MinDeletes: 10, Settle: ops.D(2 * time.Second)},
 	}
 }
 
@@ -221,6 +228,8 @@ type ClusterConfig struct {
 	// each collection on a stream as the full state, so deletions made while it was away
 	// are seen. It trades bandwidth for a source whose incremental pushes are not trusted.
 	FullState bool `json:"fullState,omitempty"`
+	// Breaker overrides the hub's breaker fields it sets for this cluster.
+	Breaker *BreakerConfig `json:"breaker,omitempty"`
 }
 
 // ConflictConfig is the conflict policy.
@@ -373,6 +382,12 @@ type compiled struct {
 	trustDomain string    // SPIFFETrustDomain
 	insecure    bool
 	kindTable   *kinds.Table // the built-in and configured kinds
+	breaker     BreakerConfig
+}
+
+// breakerFor is cluster's breaker: the hub's, with the cluster's overrides.
+func (c *compiled) breakerFor(cluster string) BreakerConfig {
+	return c.breaker.over(c.clusters[cluster].Breaker)
 }
 
 // ownership is what the ownership policy is built from: two equal ones refuse the same
@@ -475,10 +490,16 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("staleness.collections[%s]: %w", coll, err)
 		}
 	}
+	if err := c.Breaker.check("breaker"); err != nil {
+		return nil, err
+	}
+	if c.Breaker.MaxDeleteShare == 0 {
+		return nil, errors.New("breaker.maxDeleteShare: required (0.5 holds deletions of more than half of what a cluster serves)")
+	}
 	if len(c.Clusters) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure}
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker}
 	owners := make([]acl.Cluster, 0, len(c.Clusters))
 	for i, cl := range c.Clusters {
 		field := fmt.Sprintf("clusters[%d]", i)
@@ -489,6 +510,9 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
 		}
 		if err := kindTable.CheckCanonical(field+".clusterScoped", cl.ClusterScoped); err != nil {
+			return nil, err
+		}
+		if err := cl.Breaker.check(fmt.Sprintf("%s (%q).breaker", field, cl.Name)); err != nil {
 			return nil, err
 		}
 		out.clusters[cl.Name] = cl

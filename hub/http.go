@@ -81,6 +81,7 @@ func (h *Hub) Clusters() []api.ClusterStatus {
 		st := cs.status()
 		st.Resources = h.store.counts(cs.name)
 		st.Conflicts = lost[cs.name]
+		st.Breaker = h.store.breaker(cs.data)
 		h.layer.DescribeCluster(&st)
 		out = append(out, st)
 	}

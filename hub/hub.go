@@ -298,8 +298,9 @@ func (h *Hub) stop(g *errgroup.Group) error {
 	return nil
 }
 
-// housekeeping ends the warm-up when it times out and drops the resources of clusters
-// disconnected for longer than their collections' staleness TTL.
+// housekeeping ends the warm-up when it times out, drops the resources of clusters
+// disconnected for longer than their collections' staleness TTL, and applies held
+// deletions that have settled.
 func (h *Hub) housekeeping(ctx context.Context) {
 	warm := time.NewTimer(h.cfg.WarmUp.Duration)
 	defer warm.Stop()
@@ -317,6 +318,7 @@ func (h *Hub) housekeeping(ctx context.Context) {
 			h.setReady("warm-up timeout")
 		case <-tick.C:
 			h.expireStale()
+			h.settleBreakers()
 		}
 	}
 }

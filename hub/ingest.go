@@ -122,7 +122,7 @@ type peerSource struct{ fullState bool }
 // newSession builds a session of cs: its Sink requests the cluster's collections, declares
 // what the hub holds of cs (so a peer that resumes does not resend) and applies pushes.
 func (h *Hub) newSession(cs *clusterState, opts SessionOptions, peer *peerSource) (*Session, error) {
-	s := &Session{cs: cs, away: opts.Away, delivered: map[string]bool{}}
+	s := &Session{cs: cs, away: opts.Away, delivered: map[string]bool{}, own: peer != nil}
 	so := mcp.SinkOptions{
 		Collections:     h.current().comp.collections(cs.name),
 		Node:            opts.Node,
@@ -178,12 +178,17 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		}
 		put = append(put, res)
 	}
-	lost, held, err := h.store.apply(cs.data, c.Collection, put, c.Removed, !c.Incremental, keep)
+	w := write{collection: c.Collection, put: put, remove: c.Removed, full: !c.Incremental, keep: keep}
+	if s.own {
+		w.guard = &breakerGuard{cfg: cur.comp.breakerFor(cs.name), now: h.now()}
+	}
+	res, err := h.store.apply(cs.data, w)
 	if errors.Is(err, errRemoved) {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
+	h.breakerChanged(cs, c.Collection, res.breaker)
 	refused := len(rejected) // the ones not stored; conflicts are stored and may be served later
-	for _, cf := range lost {
+	for _, cf := range res.lost {
 		rejected = append(rejected, mcp.Rejection{Resource: cf.Name,
 			Reason: fmt.Sprintf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
 				cf.Winner, cf.Name, cf.Why)})
@@ -216,10 +221,16 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		h.metrics.rejected(cs.name, c.Collection)
 		cs.log.Warn("resource rejected", "collection", c.Collection, "resource", r.Resource, "reason", r.Reason)
 	}
-	h.metrics.resources(cs.name, c.Collection, held) // under cs.mu: a removal forgets the series after
+	h.metrics.resources(cs.name, c.Collection, res.held) // under cs.mu: a removal forgets the series after
 	cs.mu.Unlock()
 	if !c.More { // a split push has delivered the collection at its last chunk
 		h.delivered(s, c.Collection)
+	}
+	if res.breaker.open {
+		// Held deletions are reported like refusals (the source's NACK detail, which a
+		// minion turns into Warning Events), but they are neither logged per name nor
+		// recorded as rejections: the breaker's status lists them.
+		rejected = append(rejected, heldRejections(cs.name, c.Collection, res.breaker.withheld)...)
 	}
 	if len(rejected) == 0 {
 		return nil
@@ -232,8 +243,11 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return nil
 	}
 	code := codes.AlreadyExists // only conflicts
-	if aclRejected {
+	switch {
+	case aclRejected:
 		code = codes.PermissionDenied
+	case res.breaker.open && len(res.breaker.withheld) > 0:
+		code = codes.FailedPrecondition
 	}
 	return mcp.RejectionError(code, c.Collection, rejected)
 }
@@ -248,7 +262,7 @@ func (h *Hub) Apply(cluster string, c *mcp.Change) error {
 	}
 	cs.mu.Lock()
 	if cs.direct == nil {
-		cs.direct = &Session{cs: cs, delivered: map[string]bool{}, direct: h.current().comp.collections(cs.name)} // a session without a stream
+		cs.direct = &Session{cs: cs, delivered: map[string]bool{}, own: true, direct: h.current().comp.collections(cs.name)} // a session without a stream
 	}
 	s := cs.direct
 	cs.mu.Unlock()

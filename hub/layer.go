@@ -90,6 +90,7 @@ type SessionOptions struct {
 type Session struct {
 	cs   *clusterState
 	away bool
+	own  bool // written by the cluster itself (its source, Hub.Apply), not a copy: the breaker judges it
 	sink *mcp.Sink
 
 	// Guarded by cs.mu:

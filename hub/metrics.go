@@ -12,6 +12,9 @@ type Metrics struct {
 	reloads        *prometheus.CounterVec
 	conflictsGauge prometheus.Gauge
 	tlsRejections  *prometheus.CounterVec
+	breakerOpen    *prometheus.GaugeVec
+	deletionsHeld  *prometheus.GaugeVec
+	breakerTrips   *prometheus.CounterVec
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -35,6 +38,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Collection/names published by more than one cluster (one served, the others held)."})
 	m.tlsRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_rejections_total",
 		Help: "TLS handshakes refused, by reason (no_certificate, unknown_authority, expired, not_yet_valid, invalid)."}, []string{"reason"})
+	m.breakerOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "breaker_open",
+		Help: "1 while a cluster's mass-deletion breaker is open (its deletions held until it recovers or an operator releases it)."}, []string{"cluster"})
+	m.deletionsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "deletions_held",
+		Help: "Deletions a cluster's breaker holds (open, or settling); their objects are still served."}, []string{"cluster"})
+	m.breakerTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "breaker_trips_total",
+		Help: "Times a cluster's mass-deletion breaker opened."}, []string{"cluster"})
+	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips)
 	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
 	return m
 }
@@ -92,6 +102,25 @@ func (m *Metrics) tlsRejected(reason string) {
 	m.tlsRejections.WithLabelValues(reason).Inc()
 }
 
+func (m *Metrics) breaker(cluster string, open bool, held int) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if open {
+		v = 1
+	}
+	m.breakerOpen.WithLabelValues(cluster).Set(v)
+	m.deletionsHeld.WithLabelValues(cluster).Set(float64(held))
+}
+
+func (m *Metrics) breakerTripped(cluster string) {
+	if m == nil {
+		return
+	}
+	m.breakerTrips.WithLabelValues(cluster).Inc()
+}
+
 // forgetCluster drops a removed cluster's series.
 func (m *Metrics) forgetCluster(cluster string) {
 	if m == nil {
@@ -100,4 +129,7 @@ func (m *Metrics) forgetCluster(cluster string) {
 	m.clusterUp.DeleteLabelValues(cluster)
 	m.resourcesGauge.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
 	m.rejections.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
+	m.breakerOpen.DeleteLabelValues(cluster)
+	m.deletionsHeld.DeleteLabelValues(cluster)
+	m.breakerTrips.DeleteLabelValues(cluster)
 }

@@ -16,6 +16,9 @@ import (
 type ReloadResult struct {
 	// Refused are stored resources the new ownership no longer allows: no longer served.
 	Refused int
+	// Held are resources the new ownership no longer allows that stay served because
+	// withdrawing them would exceed their cluster's breaker (it is open).
+	Held int
 	// ClosedIngest and ClosedSinks are the streams closed so they reconnect under the new
 	// configuration (clusters whose ownership or identity changed; sinks routed elsewhere).
 	ClosedIngest, ClosedSinks int
@@ -77,9 +80,18 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	}
 
 	// Ownership: re-check what is stored.
-	refused := h.store.recheck(func(r *resource) error {
+	now := h.now()
+	refused, held := h.store.recheck(func(r *resource) error {
 		return comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts})
+	}, func(cluster string) *breakerGuard {
+		return &breakerGuard{cfg: comp.breakerFor(cluster), now: now}
 	})
+	for cluster, v := range held {
+		if cs := h.cluster(cluster); cs != nil {
+			h.breakerChanged(cs, "", v)
+			res.Held += v.count
+		}
+	}
 	for cluster, rs := range refused {
 		res.Refused += len(rs)
 		if cs := h.cluster(cluster); cs != nil {
@@ -120,7 +132,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	h.store.setPolicy(ConflictPolicy{Priority: next.Conflicts.Priority})
 	h.store.reroute(comp.routes)
 	res.ClosedSinks = h.watchers.rerouted(comp)
-	h.log.Info("configuration reloaded", "refused", res.Refused, "closed_ingest_streams", res.ClosedIngest, "closed_sink_streams", res.ClosedSinks)
+	h.log.Info("configuration reloaded", "refused", res.Refused, "held_by_breaker", res.Held, "closed_ingest_streams", res.ClosedIngest, "closed_sink_streams", res.ClosedSinks)
 	h.checkReady() // a removed cluster is no longer waited for
 	return res, nil
 }

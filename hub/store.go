@@ -64,6 +64,7 @@ type clusterData struct {
 	name    string
 	colls   map[string]map[string]*resource // collection -> name -> resource
 	removed bool
+	held    heldDeletions // deletions its breaker holds (their resources are still in colls)
 }
 
 // errRemoved refuses a write to a cluster that has left the configuration.
@@ -139,47 +140,63 @@ func (s *store) versions(cluster, collection string) map[string]string {
 	return out
 }
 
-// apply records a cluster's change to a collection: put resources (accepted), remove
-// names; with full, everything else the cluster held in the collection is removed too,
-// except the names in keep (resources whose new version was rejected keep their last
-// accepted one). It returns the conflicts the cluster's put resources lose, by name, and
-// how many resources the cluster now holds in the collection, or errRemoved.
-func (s *store) apply(d *clusterData, collection string, put []*resource, remove []string, full bool, keep map[string]bool) (lost []api.Conflict, held int, err error) {
+// write is one change of a cluster's resources in a collection: put resources (accepted),
+// remove names; with full, everything else the cluster holds in the collection is removed
+// too, except the names in keep (resources whose new version was rejected keep their last
+// accepted one). guard, when set, is the cluster's breaker limits: the cluster's own
+// writes are judged by them, copies (and the staleness policy) are not.
+type write struct {
+	collection string
+	put        []*resource
+	remove     []string
+	full       bool
+	keep       map[string]bool
+	guard      *breakerGuard
+}
+
+// applied is what a write did.
+type applied struct {
+	lost    []api.Conflict // conflicts the write's put resources lose, by name
+	held    int            // resources the cluster now holds in the collection
+	breaker breakerVerdict
+}
+
+// apply records a cluster's write, or returns errRemoved.
+func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d.removed {
-		return nil, 0, errRemoved
+		return res, errRemoved
 	}
+	collection := w.collection
 	have := d.colls[collection]
 	if have == nil {
 		have = map[string]*resource{}
 		d.colls[collection] = have
 	}
-	touched := map[string]bool{}
-	if full {
-		listed := make(map[string]bool, len(put))
-		for _, r := range put {
+	var removing []string
+	if w.full {
+		listed := make(map[string]bool, len(w.put))
+		for _, r := range w.put {
 			listed[r.name] = true
 		}
 		for n := range have {
-			if !listed[n] && !keep[n] {
-				remove = append(remove, n)
+			if !listed[n] && !w.keep[n] {
+				removing = append(removing, n)
 			}
 		}
+		sort.Strings(removing)
 	}
+	for _, n := range w.remove {
+		if have[n] != nil {
+			removing = append(removing, n)
+		}
+	}
+	removing, res.breaker = d.judgeLocked(collection, w.put, removing, w.guard)
+	touched := map[string]bool{}
 	var putReceived []*mcp.Entry
-	var removed []string
-	for _, n := range remove {
-		if old := have[n]; old != nil {
-			delete(have, n)
-			s.dropCandidateLocked(old)
-			touched[n] = true
-			if s.changed != nil {
-				removed = append(removed, n)
-			}
-		}
-	}
-	for _, r := range put {
+	removed := s.dropLocked(d, collection, removing, touched)
+	for _, r := range w.put {
 		if old := have[r.name]; old != nil {
 			if old.version == r.version {
 				continue
@@ -195,15 +212,91 @@ func (s *store) apply(d *clusterData, collection string, put []*resource, remove
 	}
 	s.publishLocked(collection, touched)
 	s.changedLocked(d.name, collection, putReceived, removed)
-	for _, r := range put {
+	for _, r := range w.put {
 		if h := have[r.name]; h != nil {
 			if c := s.index[collection][r.name]; len(c) > 1 && c[0] != h {
-				lost = append(lost, api.Conflict{Collection: collection, Name: r.name, Winner: c[0].cluster, Losers: []string{d.name}, Why: s.policy.why(c[0])})
+				res.lost = append(res.lost, api.Conflict{Collection: collection, Name: r.name, Winner: c[0].cluster, Losers: []string{d.name}, Why: s.policy.why(c[0])})
 			}
 		}
 	}
-	sort.Slice(lost, func(i, j int) bool { return lost[i].Name < lost[j].Name })
-	return lost, len(have), nil
+	sort.Slice(res.lost, func(i, j int) bool { return res.lost[i].Name < res.lost[j].Name })
+	res.held = len(have)
+	return res, nil
+}
+
+// dropLocked deletes names from what d holds in collection (those it holds), marking them
+// touched for the views and forgetting any held deletion of them, and returns the names
+// deleted (only when a layer is told of changes). The caller publishes.
+func (s *store) dropLocked(d *clusterData, collection string, names []string, touched map[string]bool) []string {
+	have := d.colls[collection]
+	var removed []string
+	for _, n := range names {
+		old := have[n]
+		if old == nil {
+			continue
+		}
+		delete(have, n)
+		d.held.unhold(collection, n)
+		s.dropCandidateLocked(old)
+		touched[n] = true
+		if s.changed != nil {
+			removed = append(removed, n)
+		}
+	}
+	return removed
+}
+
+// deleteHeldLocked applies deletions the breaker held (settled, or released): each is
+// deleted if d still holds it. It returns how many were deleted per collection. The caller
+// holds the lock.
+func (s *store) deleteHeldLocked(d *clusterData, names map[string][]string) map[string]int {
+	out := map[string]int{}
+	for coll, ns := range names {
+		touched := map[string]bool{}
+		removed := s.dropLocked(d, coll, ns, touched)
+		s.publishLocked(coll, touched)
+		s.changedLocked(d.name, coll, nil, removed)
+		if len(touched) > 0 {
+			out[coll] = len(touched)
+		}
+	}
+	return out
+}
+
+// settle applies d's held deletions whose settling time has passed.
+func (s *store) settle(d *clusterData, now time.Time) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d.removed {
+		return nil
+	}
+	return s.deleteHeldLocked(d, d.settleLocked(now))
+}
+
+// release applies every deletion d's breaker holds and closes it.
+func (s *store) release(d *clusterData) (map[string]int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := &d.held
+	if d.removed || b.count == 0 && !b.open {
+		return nil, ErrNothingHeld
+	}
+	all := map[string][]string{}
+	for c, m := range b.names {
+		for n := range m {
+			all[c] = append(all[c], n)
+		}
+		sort.Strings(all[c])
+	}
+	d.held = heldDeletions{}
+	return s.deleteHeldLocked(d, all), nil
+}
+
+// breaker returns d's breaker status (nil: it holds nothing).
+func (s *store) breaker(d *clusterData) *api.Breaker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return d.held.status()
 }
 
 // changedLocked tells changed what a cluster's resources became (removed names sorted).
@@ -224,7 +317,7 @@ func (s *store) dropCollections(d *clusterData, collections []string) (int, erro
 		held := len(d.colls[c])
 		s.mu.Unlock()
 		if held > 0 {
-			if _, _, err := s.apply(d, c, nil, nil, true, nil); err != nil {
+			if _, err := s.apply(d, write{collection: c, full: true}); err != nil {
 				return n, err
 			}
 			n += held
@@ -252,34 +345,77 @@ type refusal struct {
 }
 
 // recheck removes every stored resource check refuses (a reload's new ownership) and
-// returns them by cluster. Views drop them like any removal.
-func (s *store) recheck(check func(*resource) error) map[string][]refusal {
+// returns them by cluster. Views drop them like any removal. guard gives each cluster's
+// breaker limits: a cluster whose refusals exceed them keeps them served, held (the
+// verdict says so), and held ones that check allows again are no longer held.
+func (s *store) recheck(check func(*resource) error, guard func(cluster string) *breakerGuard) (map[string][]refusal, map[string]breakerVerdict) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string][]refusal{}
+	verdicts := map[string]breakerVerdict{}
 	touched := map[string]map[string]bool{}
 	for cluster, d := range s.clusters {
+		b := &d.held
+		refused := map[string][]refusal{} // by collection
 		for coll, held := range d.colls {
-			var removed []string
 			for name, r := range held {
 				err := check(r)
-				if err == nil {
-					continue
+				if hd, ok := b.names[coll][name]; ok {
+					if err == nil && hd.byReload {
+						b.unhold(coll, name) // allowed again
+					}
+					continue // held: a release or the cluster's recovery decides
 				}
-				delete(held, name)
-				s.dropCandidateLocked(r)
-				removed = append(removed, name)
-				if touched[coll] == nil {
-					touched[coll] = map[string]bool{}
+				if err != nil {
+					refused[coll] = append(refused[coll], refusal{collection: coll, name: name, reason: err.Error()})
 				}
-				touched[coll][name] = true
-				out[cluster] = append(out[cluster], refusal{collection: coll, name: name, reason: err.Error()})
 			}
+		}
+		g := guard(cluster)
+		if g != nil && b.recover(d.colls, g) {
+			verdicts[cluster] = breakerVerdict{closed: true, count: b.count}
+		}
+		if g != nil && !g.cfg.Disabled && len(refused) > 0 {
+			for coll, rs := range refused {
+				for _, r := range rs {
+					b.hold(coll, r.name, heldDeletion{byReload: true})
+				}
+			}
+			v := breakerVerdict{}
+			switch why := b.exceeded(d.colls, g.cfg); {
+			case b.open:
+			case why != "":
+				v.tripped = "a configuration reload would withdraw what it owns: " + why
+				b.trip(v.tripped, g.now)
+			default:
+				for coll, rs := range refused {
+					for _, r := range rs {
+						b.unhold(coll, r.name)
+					}
+				}
+			}
+			if b.open {
+				v.open, v.count = true, b.count
+				verdicts[cluster] = v
+				continue
+			}
+		}
+		for coll, rs := range refused {
+			names := make([]string, len(rs))
+			for i, r := range rs {
+				names[i] = r.name
+			}
+			sort.Strings(names)
+			if touched[coll] == nil {
+				touched[coll] = map[string]bool{}
+			}
+			removed := s.dropLocked(d, coll, names, touched[coll])
 			s.changedLocked(cluster, coll, nil, removed)
+			out[cluster] = append(out[cluster], rs...)
 		}
 	}
 	for coll, t := range touched {
 		s.publishLocked(coll, t)
 	}
-	return out
+	return out, verdicts
 }

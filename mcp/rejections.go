@@ -15,7 +15,13 @@ type Rejection struct {
 	Resource string
 	// Reason says why, for a human (and for an Event on the source object).
 	Reason string
+	// Held: the resource's deletion was not applied, held by the sink (the hub's
+	// mass-deletion breaker): the object stays served.
+	Held bool
 }
+
+// HeldReason marks a held deletion's field violation (BadRequest.FieldViolation.reason).
+const HeldReason = "DELETION_HELD"
 
 // Partial acceptance. A NACK means, to any MCP source, "this push was not applied": Istio's
 // sources keep what the sink last acknowledged and send the next version against it. A sink
@@ -37,7 +43,11 @@ const (
 func RejectionError(code codes.Code, collection string, rejected []Rejection) error {
 	br := &errdetails.BadRequest{}
 	for _, r := range rejected {
-		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: r.Resource, Description: r.Reason})
+		fv := &errdetails.BadRequest_FieldViolation{Field: r.Resource, Description: r.Reason}
+		if r.Held {
+			fv.Reason = HeldReason
+		}
+		br.FieldViolations = append(br.FieldViolations, fv)
 	}
 	msg := fmt.Sprintf("%s: %d resource(s) rejected", collection, len(rejected))
 	if len(rejected) > 0 {
@@ -60,7 +70,7 @@ func Rejections(detail *rpcstatus.Status) []Rejection {
 	for _, d := range status.FromProto(detail).Details() {
 		if br, ok := d.(*errdetails.BadRequest); ok {
 			for _, v := range br.GetFieldViolations() {
-				out = append(out, Rejection{Resource: v.GetField(), Reason: v.GetDescription()})
+				out = append(out, Rejection{Resource: v.GetField(), Reason: v.GetDescription(), Held: v.GetReason() == HeldReason})
 			}
 		}
 	}

@@ -1,0 +1,400 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// The mass-deletion breaker. A source that suddenly reads empty (a watched directory
+// emptied or renamed, informers losing their RBAC or CRDs, a wrong label selector) looks,
+// on the wire, exactly like a cluster deleting everything; so does a hub configuration
+// with an ownership typo. Deleting is what production meshes fear most from a control
+// plane, so the hub holds deletions that withdraw more than a configured share of what a
+// cluster serves (per collection, or in total) and keeps serving those objects until the
+// cluster's state recovers (the objects come back) or an operator releases them.
+//
+// The evaluation runs in the store, under its lock, on the cluster's own writes only (its
+// minion's or its stock source's sessions, Hub.Apply, and a reload's re-check): copies a
+// replica follows from the replica holding the cluster carry that replica's decision.
+//
+// A push carries one collection. An emptied source withdraws every collection, one push
+// each, and a cluster with a few objects in many collections withdraws fewer than
+// minDeletes in each; so deletions that withdraw more than the share of their collection
+// but fewer than minDeletes wait `settle` (they stay served) to see whether the cluster's
+// total crosses the limit. Deletions within the share apply at once: an ordinary rollout
+// is not delayed; nor is anything in a cluster serving fewer than minDeletes objects,
+// which can never open it.
+
+// BreakerConfig bounds how much of what a cluster serves its changes may withdraw.
+type BreakerConfig struct {
+	// MaxDeleteShare: deletions of more than this share (0 < share < 1) of what the
+	// cluster serves, in one collection or in total, and at least MinDeletes objects, are
+	// held.
+	MaxDeleteShare float64 `json:"maxDeleteShare,omitempty"`
+	// MinDeletes is the fewest deletions that can open the breaker.
+	MinDeletes int `json:"minDeletes,omitempty"`
+	// Settle is how long deletions of more than MaxDeleteShare of a collection, but fewer
+	// than MinDeletes, wait (still served) for the cluster's other collections.
+	Settle Duration `json:"settle,omitempty"`
+	// Disabled turns the breaker off (per cluster: for a cluster whose objects come and go in
+	// bulk by design).
+	Disabled bool `json:"disabled,omitempty"`
+}
+
+// over returns cfg with the fields o sets.
+func (cfg BreakerConfig) over(o *BreakerConfig) BreakerConfig {
+	if o == nil {
+		return cfg
+	}
+	if o.MaxDeleteShare != 0 {
+		cfg.MaxDeleteShare = o.MaxDeleteShare
+	}
+	if o.MinDeletes != 0 {
+		cfg.MinDeletes = o.MinDeletes
+	}
+	if o.Settle.Duration != 0 {
+		cfg.Settle = o.Settle
+	}
+	cfg.Disabled = cfg.Disabled || o.Disabled
+	return cfg
+}
+
+// check validates the fields set (field names the section).
+func (cfg *BreakerConfig) check(field string) error {
+	if cfg == nil {
+		return nil
+	}
+	if cfg.MaxDeleteShare < 0 || cfg.MaxDeleteShare >= 1 {
+		return fmt.Errorf("%s.maxDeleteShare: %g is not a share between 0 and 1 (0.5 holds deletions of more than half)", field, cfg.MaxDeleteShare)
+	}
+	if cfg.MinDeletes < 0 {
+		return fmt.Errorf("%s.minDeletes: %d is negative", field, cfg.MinDeletes)
+	}
+	return cfg.Settle.Check(field + ".settle")
+}
+
+// ErrUnknownCluster and ErrNothingHeld are ReleaseBreaker's refusals.
+var (
+	ErrUnknownCluster = errors.New("no such cluster in the hub's configuration")
+	ErrNothingHeld    = errors.New("the cluster's breaker holds no deletions")
+)
+
+// heldDeletions is one cluster's breaker: the deletions it holds. Guarded by the store's
+// lock (it is part of the cluster's stored state).
+type heldDeletions struct {
+	open   bool
+	since  time.Time
+	reason string
+	// names: collection -> name -> the held deletion.
+	names map[string]map[string]heldDeletion
+	count int
+}
+
+type heldDeletion struct {
+	until    time.Time // settling: applied then unless the breaker has opened; zero: held until released
+	byReload bool      // withdrawn by a reload's ownership, not by the cluster
+}
+
+func (b *heldDeletions) hold(collection, name string, d heldDeletion) {
+	if b.names == nil {
+		b.names = map[string]map[string]heldDeletion{}
+	}
+	m := b.names[collection]
+	if m == nil {
+		m = map[string]heldDeletion{}
+		b.names[collection] = m
+	}
+	if _, ok := m[name]; !ok {
+		b.count++
+	}
+	m[name] = d
+}
+
+// unhold forgets a held deletion (the object came back, or left the store another way).
+func (b *heldDeletions) unhold(collection, name string) {
+	if m := b.names[collection]; m != nil {
+		if _, ok := m[name]; ok {
+			delete(m, name)
+			b.count--
+			if len(m) == 0 {
+				delete(b.names, collection)
+			}
+		}
+	}
+}
+
+func (b *heldDeletions) holds(collection, name string) bool {
+	_, ok := b.names[collection][name]
+	return ok
+}
+
+// exceeded returns why the held deletions exceed cfg against what the cluster serves
+// (colls, which still holds them), or "".
+func (b *heldDeletions) exceeded(colls map[string]map[string]*resource, cfg BreakerConfig) string {
+	if b.count < cfg.MinDeletes {
+		return ""
+	}
+	pct := fmt.Sprintf("more than %g%%", cfg.MaxDeleteShare*100)
+	total := served(colls)
+	if float64(b.count) > cfg.MaxDeleteShare*float64(total) {
+		return fmt.Sprintf("%d of the %d objects it serves would be deleted (%s, at least %d)", b.count, total, pct, cfg.MinDeletes)
+	}
+	held := make([]string, 0, len(b.names))
+	for c := range b.names {
+		held = append(held, c)
+	}
+	sort.Strings(held)
+	for _, c := range held {
+		n, of := len(b.names[c]), len(colls[c])
+		if n >= cfg.MinDeletes && float64(n) > cfg.MaxDeleteShare*float64(of) {
+			return fmt.Sprintf("%d of its %d %s would be deleted (%s, at least %d)", n, of, c, pct, cfg.MinDeletes)
+		}
+	}
+	return ""
+}
+
+// trip opens the breaker: every held deletion waits for a release.
+func (b *heldDeletions) trip(reason string, now time.Time) {
+	b.open, b.since, b.reason = true, now, reason
+	for _, m := range b.names {
+		for n, d := range m {
+			d.until = time.Time{}
+			m[n] = d
+		}
+	}
+}
+
+// recover closes an open breaker whose held deletions no longer exceed the limits (the
+// objects came back): what is still held is then like an ordinary change, and settles.
+func (b *heldDeletions) recover(colls map[string]map[string]*resource, g *breakerGuard) bool {
+	if !b.open || b.exceeded(colls, g.cfg) != "" {
+		return false
+	}
+	b.open, b.reason = false, ""
+	for _, m := range b.names {
+		for n, hd := range m {
+			hd.until = g.now.Add(g.cfg.Settle.Duration)
+			m[n] = hd
+		}
+	}
+	return true
+}
+
+// breakerGuard is what the store needs to judge a cluster's write.
+type breakerGuard struct {
+	cfg BreakerConfig
+	now time.Time
+}
+
+// breakerVerdict is what the breaker did to one write.
+type breakerVerdict struct {
+	withheld []string // names of the write's deletions held (still served)
+	open     bool     // the breaker is open after the write
+	tripped  string   // the write opened it: why
+	closed   bool     // the write closed it (the cluster's state recovered)
+	count    int      // deletions held after the write
+}
+
+// judgeLocked decides which of removing (names the cluster holds in collection, which a
+// write withdraws) apply now; the rest are held. put are the names the write (re)puts. The
+// caller holds the store's lock.
+func (d *clusterData) judgeLocked(collection string, put []*resource, removing []string, g *breakerGuard) (apply []string, v breakerVerdict) {
+	b := &d.held
+	for _, r := range put {
+		b.unhold(collection, r.name)
+	}
+	if g == nil || g.cfg.Disabled {
+		for _, n := range removing {
+			b.unhold(collection, n)
+		}
+		v.open, v.count = b.open, b.count
+		return removing, v
+	}
+	v.closed = b.recover(d.colls, g)
+	var fresh []string
+	for _, n := range removing {
+		if b.holds(collection, n) {
+			v.withheld = append(v.withheld, n)
+		} else {
+			fresh = append(fresh, n)
+		}
+	}
+	switch {
+	case len(fresh) == 0:
+	case b.open:
+		for _, n := range fresh {
+			b.hold(collection, n, heldDeletion{})
+		}
+		v.withheld = append(v.withheld, fresh...)
+	case float64(len(b.names[collection])+len(fresh)) > g.cfg.MaxDeleteShare*float64(len(d.colls[collection])) &&
+		served(d.colls) >= g.cfg.MinDeletes: // a cluster serving fewer could never open it
+		for _, n := range fresh {
+			b.hold(collection, n, heldDeletion{until: g.now.Add(g.cfg.Settle.Duration)})
+		}
+		if why := b.exceeded(d.colls, g.cfg); why != "" {
+			b.trip(why, g.now)
+			v.tripped = why
+			v.withheld = append(v.withheld, fresh...)
+		} else if g.cfg.Settle.Duration <= 0 {
+			for _, n := range fresh {
+				b.unhold(collection, n)
+			}
+			apply = fresh
+		} else {
+			v.withheld = append(v.withheld, fresh...)
+		}
+	default:
+		apply = fresh
+	}
+	v.open, v.count = b.open, b.count
+	return apply, v
+}
+
+// settleLocked returns the held deletions whose settling time has passed, by collection,
+// and forgets them; none while the breaker is open. The caller holds the store's lock.
+func (d *clusterData) settleLocked(now time.Time) map[string][]string {
+	b := &d.held
+	if b.open || b.count == 0 {
+		return nil
+	}
+	var due map[string][]string
+	for c, m := range b.names {
+		for n, hd := range m {
+			if !hd.until.IsZero() && !now.Before(hd.until) {
+				if due == nil {
+					due = map[string][]string{}
+				}
+				due[c] = append(due[c], n)
+			}
+		}
+	}
+	for c, names := range due {
+		sort.Strings(names)
+		for _, n := range names {
+			b.unhold(c, n)
+		}
+	}
+	return due
+}
+
+// status is the breaker as the admin API shows it, or nil when it holds nothing. The
+// caller holds the store's lock.
+func (b *heldDeletions) status() *api.Breaker {
+	if b.count == 0 && !b.open {
+		return nil
+	}
+	st := &api.Breaker{Open: b.open, Reason: b.reason, Held: b.count, Pending: map[string][]string{}}
+	if b.open {
+		t := b.since
+		st.Since = &t
+	}
+	for c, m := range b.names {
+		names := make([]string, 0, len(m))
+		for n := range m {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		if len(names) > maxListedHeld {
+			names = names[:maxListedHeld]
+		}
+		st.Pending[c] = names
+	}
+	return st
+}
+
+// maxListedHeld bounds the names listed per collection in status and in a NACK.
+const maxListedHeld = 100
+
+// served counts the objects of colls.
+func served(colls map[string]map[string]*resource) int {
+	n := 0
+	for _, m := range colls {
+		n += len(m)
+	}
+	return n
+}
+
+// heldRejections reports a write's held deletions to its source as rejections (at most
+// maxListedHeld by name).
+func heldRejections(cluster, collection string, names []string) []mcp.Rejection {
+	if len(names) == 0 {
+		return nil
+	}
+	reason := fmt.Sprintf("deletion held: the hub's mass-deletion breaker for cluster %q is open; the object stays served until it comes back or an operator releases the breaker (hub breaker release %s)", cluster, cluster)
+	out := make([]mcp.Rejection, 0, min(len(names), maxListedHeld))
+	for _, n := range names[:min(len(names), maxListedHeld)] {
+		out = append(out, mcp.Rejection{Resource: n, Reason: reason, Held: true})
+	}
+	return out
+}
+
+// breakerChanged records what the breaker did to a write of cs: a log line when it opens
+// or closes, and its metrics.
+func (h *Hub) breakerChanged(cs *clusterState, collection string, v breakerVerdict) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.removed {
+		return
+	}
+	switch {
+	case v.tripped != "":
+		h.metrics.breakerTripped(cs.name)
+		cs.log.Warn("mass-deletion breaker opened: the cluster's deletions are held and its objects stay served; release it with `hub breaker release` once the deletions are intended",
+			"reason", v.tripped, "collection", collection, "held", v.count)
+	case v.closed:
+		cs.log.Info("mass-deletion breaker closed: the cluster's state recovered", "still_settling", v.count)
+	}
+	h.metrics.breaker(cs.name, v.open, v.count)
+}
+
+// settleBreakers applies the held deletions whose settling time has passed (the breaker
+// did not open meanwhile).
+func (h *Hub) settleBreakers() {
+	now := h.now()
+	for _, cs := range h.clusterList() {
+		if n := h.store.settle(cs.data, now); len(n) > 0 {
+			cs.log.Info("held deletions applied: the breaker did not open", "deleted", n)
+			h.breakerRefresh(cs)
+		}
+	}
+}
+
+// breakerRefresh sets cs's breaker metrics from the store.
+func (h *Hub) breakerRefresh(cs *clusterState) {
+	st := h.store.breaker(cs.data)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.removed {
+		return
+	}
+	if st == nil {
+		h.metrics.breaker(cs.name, false, 0)
+		return
+	}
+	h.metrics.breaker(cs.name, st.Open, st.Held)
+}
+
+// ReleaseBreaker applies every deletion cluster's breaker holds and closes it, on behalf
+// of operator (logged). ErrUnknownCluster and ErrNothingHeld refuse it.
+func (h *Hub) ReleaseBreaker(cluster, operator string) (api.BreakerRelease, error) {
+	cs := h.cluster(cluster)
+	if cs == nil {
+		return api.BreakerRelease{}, fmt.Errorf("%w: %q", ErrUnknownCluster, cluster)
+	}
+	deleted, err := h.store.release(cs.data)
+	if err != nil {
+		return api.BreakerRelease{}, fmt.Errorf("cluster %q: %w", cluster, err)
+	}
+	total := 0
+	for _, n := range deleted {
+		total += n
+	}
+	cs.log.Warn("mass-deletion breaker released by an operator: its held deletions are applied", "operator", operator, "deleted", total, "by_collection", deleted)
+	h.breakerRefresh(cs)
+	return api.BreakerRelease{Cluster: cluster, Operator: operator, Deleted: deleted}, nil
+}

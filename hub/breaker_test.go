@@ -1,0 +1,286 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+const drColl = "istio/networking/v1alpha3/destinationrules"
+
+const breakerHub = `
+insecure: true
+collections: [istio/networking/v1alpha3/virtualservices, istio/networking/v1alpha3/destinationrules]
+warmUp: 1h
+clusters:
+- {name: east, identities: [east], namespaces: [shop], hosts: ["*"]}
+- {name: west, identities: [west], namespaces: [pay], hosts: ["*"]}
+routing: {default: {name: all}}
+`
+
+// clock is a hub's h.now, moved by the test.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func withClock(h *Hub) *clock            { c := &clock{t: time.Unix(1_800_000_000, 0)}; h.now = c.now; return c }
+func objects(ns string, n int) (out []string) {
+	for i := range n {
+		out = append(out, fmt.Sprintf("%s/o%02d", ns, i))
+	}
+	return out
+}
+
+// push is a full-state push of names in collection.
+func push(t *testing.T, collection string, names ...string) *mcp.Change {
+	t.Helper()
+	c := &mcp.Change{Collection: collection}
+	for _, n := range names {
+		r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: n, Version: "1"}, Body: goldenBody(t, collection, []string{"reviews"})}
+		e, err := mcp.NewEntry(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Entries, c.Resources = append(c.Entries, e), append(c.Resources, r)
+	}
+	return c
+}
+
+func countNames(s string) int {
+	if s == "" {
+		return 0
+	}
+	return strings.Count(s, ",") + 1
+}
+
+// An emptied source opens the breaker: every object stays served, the push is NACKed with
+// each held deletion marked, status shows the pending diff; the objects coming back close
+// it without a deletion ever served.
+func TestBreakerHoldsAnEmptiedSourceUntilItRecovers(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	all := objects("shop", 20)
+	if err := h.Apply("east", push(t, vsColl, all...)); err != nil {
+		t.Fatal(err)
+	}
+
+	err := h.Apply("east", push(t, vsColl))
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("emptied push: %v, want FailedPrecondition", err)
+	}
+	st, _ := status.FromError(err)
+	rj := mcp.Rejections(st.Proto())
+	if len(rj) != 20 || !rj[0].Held || !strings.Contains(rj[0].Reason, "breaker") || !mcp.PartiallyApplied(st.Proto()) {
+		t.Fatalf("NACK detail: %d rejections, first %+v, partially applied %v", len(rj), rj[0], mcp.PartiallyApplied(st.Proto()))
+	}
+	if got := countNames(sink.names(vsColl)); got != 20 {
+		t.Fatalf("served after the emptied push: %d objects, want 20", got)
+	}
+	b := h.Clusters()[0].Breaker
+	if b == nil || !b.Open || b.Held != 20 || len(b.Pending[vsColl]) != 20 || !strings.Contains(b.Reason, "20 of the 20 objects") {
+		t.Fatalf("status: %+v", b)
+	}
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_breaker_open", map[string]string{"cluster": "east"}); v != 1 {
+		t.Errorf("breaker_open = %v", v)
+	}
+	// A later write keeps the breaker's hold; a deletion while it is open is held too.
+	if err := h.Apply("east", push(t, vsColl, all[:1]...)); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a second emptying push: %v", err)
+	}
+
+	if err := h.Apply("east", push(t, vsColl, all...)); err != nil {
+		t.Fatalf("restored: %v", err)
+	}
+	if b := h.Clusters()[0].Breaker; b != nil {
+		t.Errorf("breaker after the state recovered: %+v", b)
+	}
+	if got := countNames(sink.names(vsColl)); got != 20 {
+		t.Errorf("served after recovery: %d", got)
+	}
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_breaker_trips_total", map[string]string{"cluster": "east"}); v != 1 {
+		t.Errorf("breaker_trips_total = %v", v)
+	}
+}
+
+// An ordinary rollout is not delayed: deleting less than the share applies at once.
+func TestBreakerLetsAnOrdinaryRolloutThrough(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	all := objects("shop", 20)
+	if err := h.Apply("east", push(t, vsColl, all...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("east", push(t, vsColl, all[3:]...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := countNames(sink.names(vsColl)); got != 17 {
+		t.Errorf("served after deleting 3 of 20: %d", got)
+	}
+	if b := h.Clusters()[0].Breaker; b != nil {
+		t.Errorf("breaker: %+v", b)
+	}
+}
+
+// A source emptied across collections each smaller than minDeletes: the first
+// collection's deletions settle (still served) and the second's open the breaker on the
+// cluster's total.
+func TestBreakerCountsTheClusterTotalAcrossCollections(t *testing.T) {
+	h := testHub(t, breakerHub)
+	clk := withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	if err := h.Apply("east", push(t, vsColl, objects("shop", 6)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("east", push(t, drColl, objects("shop", 6)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("east", push(t, vsColl)); err != nil {
+		t.Fatalf("settling deletions are not refused: %v", err)
+	}
+	if b := h.Clusters()[0].Breaker; b == nil || b.Open || b.Held != 6 {
+		t.Fatalf("after the first collection: %+v", b)
+	}
+	clk.advance(time.Second)
+	h.settleBreakers()
+	if err := h.Apply("east", push(t, drColl)); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("second collection: %v", err)
+	}
+	clk.advance(time.Hour)
+	h.settleBreakers()
+	if vs, dr := countNames(sink.names(vsColl)), countNames(sink.names(drColl)); vs != 6 || dr != 6 {
+		t.Errorf("served with the breaker open: %d VirtualServices, %d DestinationRules; want 6 and 6", vs, dr)
+	}
+	if b := h.Clusters()[0].Breaker; b == nil || !b.Open || b.Held != 12 {
+		t.Errorf("breaker: %+v", b)
+	}
+}
+
+// Deletions of more than the share of a small collection wait settle, then apply; in a
+// cluster serving fewer than minDeletes objects, which could never open the breaker, they
+// apply at once.
+func TestBreakerSettlesSmallDeletions(t *testing.T) {
+	h := testHub(t, breakerHub)
+	clk := withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	if err := h.Apply("west", push(t, vsColl, objects("pay", 9)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("west", push(t, vsColl)); err != nil {
+		t.Fatal(err)
+	}
+	if got := countNames(sink.names(vsColl)); got != 0 {
+		t.Fatalf("served after a cluster of 9 deleted them: %d", got)
+	}
+	if err := h.Apply("east", push(t, vsColl, objects("shop", 4)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("east", push(t, drColl, objects("shop", 8)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("east", push(t, vsColl)); err != nil {
+		t.Fatal(err)
+	}
+	h.settleBreakers()
+	if got := countNames(sink.names(vsColl)); got != 4 {
+		t.Fatalf("served while settling: %d", got)
+	}
+	clk.advance(2 * time.Second)
+	h.settleBreakers()
+	if got := countNames(sink.names(vsColl)); got != 0 {
+		t.Errorf("served after settling: %d", got)
+	}
+	if b := h.Clusters()[0].Breaker; b != nil {
+		t.Errorf("breaker: %+v", b)
+	}
+}
+
+// A release applies the held deletions; with nothing held it is refused.
+func TestBreakerRelease(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	if err := h.Apply("east", push(t, vsColl, objects("shop", 12)...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.ReleaseBreaker("east", "op"); !errors.Is(err, ErrNothingHeld) {
+		t.Errorf("release with nothing held: %v", err)
+	}
+	if _, err := h.ReleaseBreaker("nowhere", "op"); !errors.Is(err, ErrUnknownCluster) {
+		t.Errorf("release of an unknown cluster: %v", err)
+	}
+	_ = h.Apply("east", push(t, vsColl, objects("shop", 12)[:1]...))
+	rel, err := h.ReleaseBreaker("east", "spiffe://td/operator/ann")
+	if err != nil || rel.Deleted[vsColl] != 11 || rel.Operator != "spiffe://td/operator/ann" {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+	if got := sink.names(vsColl); got != "shop/o00" {
+		t.Errorf("served after release: %q", got)
+	}
+	if b := h.Clusters()[0].Breaker; b != nil {
+		t.Errorf("breaker after release: %+v", b)
+	}
+}
+
+// Copies of a cluster (a replica follows it from the replica holding it) carry that
+// replica's decision: they are not judged again; and a cluster may turn its breaker off.
+func TestBreakerJudgesOnlyTheClustersOwnWrites(t *testing.T) {
+	h := testHub(t, strings.Replace(breakerHub, `namespaces: [pay], hosts: ["*"]}`, `namespaces: [pay], hosts: ["*"], breaker: {disabled: true}}`, 1))
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	copyOf := openSession(t, h, "east")
+	if err := h.apply(copyOf.s, push(t, vsColl, objects("shop", 12)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.apply(copyOf.s, push(t, vsColl)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("west", push(t, vsColl, objects("pay", 12)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Apply("west", push(t, vsColl)); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.names(vsColl); got != "" {
+		t.Errorf("served: %q, want nothing", got)
+	}
+}
+
+// A reload whose ownership would withdraw most of a cluster's objects (a typo) opens the
+// breaker: they stay served; the fix closes it.
+func TestBreakerGuardsAReload(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	if err := h.Apply("east", push(t, vsColl, objects("shop", 12)...)); err != nil {
+		t.Fatal(err)
+	}
+	typo := strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1)
+	res := reload(t, h, typo)
+	if res.Held != 12 || res.Refused != 0 {
+		t.Errorf("reload with the typo: %+v", res)
+	}
+	if got := countNames(sink.names(vsColl)); got != 12 {
+		t.Errorf("served after the typo: %d", got)
+	}
+	if b := h.Clusters()[0].Breaker; b == nil || !b.Open || !strings.Contains(b.Reason, "reload") {
+		t.Fatalf("breaker: %+v", b)
+	}
+	reload(t, h, breakerHub)
+	if b := h.Clusters()[0].Breaker; b != nil {
+		t.Errorf("breaker after the fix: %+v", b)
+	}
+	if got := countNames(sink.names(vsColl)); got != 12 {
+		t.Errorf("served after the fix: %d", got)
+	}
+}
