@@ -284,3 +284,53 @@ func TestBreakerGuardsAReload(t *testing.T) {
 		t.Errorf("served after the fix: %d", got)
 	}
 }
+
+// ownSession is a session of cluster's own source (a minion's stream) on a fake stream;
+// closed counts the hub's closing it.
+func ownSession(t *testing.T, h *Hub, cluster, peer string) *fakeSession {
+	t.Helper()
+	s, err := h.newSession(h.cluster(cluster), SessionOptions{Node: minionNode}, &peerSource{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := &fakeSession{s: s}
+	info := mcp.NewStreamInfo(cluster, nil, func() { fs.closed.Add(1) })
+	info.Peer = peer
+	h.sessionOpened(s, info)
+	return fs
+}
+
+// One writer per cluster: a second stream of the cluster's source takes over (the first
+// is closed and writes nothing more, logged and counted), and its state replaces the
+// first's as a whole.
+func TestSecondStreamOfAClusterTakesOver(t *testing.T) {
+	h := testHub(t, breakerHub)
+	sink := watchAs(t, h, "", "istiod")
+	first := ownSession(t, h, "east", "10.0.0.1:1")
+	if err := h.apply(first.s, push(t, vsColl, "shop/a", "shop/b", "shop/c")); err != nil {
+		t.Fatal(err)
+	}
+	second := ownSession(t, h, "east", "10.0.0.2:1")
+	if first.closed.Load() != 1 || second.closed.Load() != 0 {
+		t.Fatalf("closed: first %d, second %d", first.closed.Load(), second.closed.Load())
+	}
+	if err := h.apply(first.s, push(t, vsColl, "shop/a", "shop/b", "shop/c", "shop/d")); status.Code(err) != codes.Aborted {
+		t.Errorf("a push of the superseded stream: %v, want Aborted", err)
+	}
+	if err := h.apply(second.s, push(t, vsColl, "shop/x")); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.names(vsColl); got != "shop/x" {
+		t.Errorf("served: %q, want the second stream's state only", got)
+	}
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_takeovers_total", map[string]string{"cluster": "east"}); v != 1 {
+		t.Errorf("takeovers = %v", v)
+	}
+	h.sessionClosed(first.s) // its stream ends after the takeover: the second still writes
+	if err := h.apply(second.s, push(t, vsColl, "shop/x", "shop/y")); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.names(vsColl); got != "shop/x,shop/y" {
+		t.Errorf("served: %q", got)
+	}
+}

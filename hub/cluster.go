@@ -23,8 +23,14 @@ type clusterState struct {
 	log  *slog.Logger
 	data *clusterData // its resources in the store
 
+	// writeMu orders the writes of the cluster's own sessions against a takeover: a push
+	// of a superseded session is either applied before the newer session declares what the
+	// hub holds, or refused.
+	writeMu sync.Mutex
+
 	mu             sync.Mutex // guards the following fields
 	removed        bool
+	writer         *Session // the cluster's own session (its source's stream) that may write; nil: none
 	sessions       map[*Session]bool // open sessions, to close on a reload
 	connected      int               // open sessions that are not Away
 	lastContact    time.Time
@@ -149,9 +155,16 @@ func (cs *clusterState) hasRejections() bool {
 	return false
 }
 
-// sessionOpened records a session's stream as open.
+// sessionOpened records a session's stream as open. A stream of the cluster's own source
+// takes over from any other: one writer per cluster, the newest (a restarted minion whose
+// old stream is not yet seen dead must not wait for it; two peers with one cluster's
+// certificate alternate, each taking the whole state, and say so in the log).
 func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 	cs := s.cs
+	if s.own {
+		cs.writeMu.Lock()
+		defer cs.writeMu.Unlock()
+	}
 	cs.mu.Lock()
 	if cs.removed {
 		cs.mu.Unlock()
@@ -159,6 +172,16 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		return
 	}
 	s.info = info
+	var old *Session
+	if s.own {
+		old, cs.writer = cs.writer, s
+	}
+	if old != nil && old.info != nil {
+		cs.log.Warn("a second stream of the cluster took over: the previous one is closed and its state replaced by the new stream's as a whole (two minions, or one restarted before its old stream was seen dead)",
+			"new_peer", info.Peer, "new_identity", info.Identity, "previous_peer", old.info.Peer)
+		h.metrics.takeover(cs.name)
+		defer old.info.Close()
+	}
 	cs.sessions[s] = true
 	if !s.away {
 		cs.lastContact = h.now()
@@ -178,6 +201,9 @@ func (h *Hub) sessionClosed(s *Session) {
 	cs.mu.Lock()
 	open := cs.sessions[s]
 	delete(cs.sessions, s)
+	if cs.writer == s {
+		cs.writer = nil
+	}
 	if open && !s.away && !cs.removed {
 		cs.lastContact = h.now()
 		if cs.connected--; cs.connected == 0 {

@@ -153,6 +153,16 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return nil
 	}
 	cs := s.cs
+	if s.own && s.sink != nil {
+		cs.writeMu.Lock()
+		defer cs.writeMu.Unlock()
+		cs.mu.Lock()
+		superseded := cs.writer != s
+		cs.mu.Unlock()
+		if superseded {
+			return status.Errorf(codes.Aborted, "a newer stream of cluster %q took over; this one writes nothing more", cs.name)
+		}
+	}
 	cur := h.current()
 	var put []*resource
 	var rejected []mcp.Rejection

@@ -15,6 +15,7 @@ type Metrics struct {
 	breakerOpen    *prometheus.GaugeVec
 	deletionsHeld  *prometheus.GaugeVec
 	breakerTrips   *prometheus.CounterVec
+	takeovers      *prometheus.CounterVec
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -44,7 +45,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Deletions a cluster's breaker holds (open, or settling); their objects are still served."}, []string{"cluster"})
 	m.breakerTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "breaker_trips_total",
 		Help: "Times a cluster's mass-deletion breaker opened."}, []string{"cluster"})
-	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips)
+	m.takeovers = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cluster_takeovers_total",
+		Help: "Streams of a cluster's source that took over from another still open (one writer per cluster: the previous one is closed)."}, []string{"cluster"})
+	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips, m.takeovers)
 	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
 	return m
 }
@@ -121,6 +124,13 @@ func (m *Metrics) breakerTripped(cluster string) {
 	m.breakerTrips.WithLabelValues(cluster).Inc()
 }
 
+func (m *Metrics) takeover(cluster string) {
+	if m == nil {
+		return
+	}
+	m.takeovers.WithLabelValues(cluster).Inc()
+}
+
 // forgetCluster drops a removed cluster's series.
 func (m *Metrics) forgetCluster(cluster string) {
 	if m == nil {
@@ -132,4 +142,5 @@ func (m *Metrics) forgetCluster(cluster string) {
 	m.breakerOpen.DeleteLabelValues(cluster)
 	m.deletionsHeld.DeleteLabelValues(cluster)
 	m.breakerTrips.DeleteLabelValues(cluster)
+	m.takeovers.DeleteLabelValues(cluster)
 }
