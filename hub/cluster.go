@@ -30,7 +30,7 @@ type clusterState struct {
 
 	mu             sync.Mutex // guards the following fields
 	removed        bool
-	writer         *Session // the cluster's own session (its source's stream) that may write; nil: none
+	writer         *Session          // the cluster's own session (its source's stream) that may write; nil: none
 	sessions       map[*Session]bool // open sessions, to close on a reload
 	connected      int               // open sessions that are not Away
 	lastContact    time.Time
@@ -40,6 +40,19 @@ type clusterState struct {
 	dropped        map[string]bool  // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
 	direct         *Session // Hub.Apply's, which has no stream
+	pushes         *pushLimiter
+	pushesFor      QuotaConfig // the quotas pushes was made for
+}
+
+// pacer returns the cluster's push limiter for its quotas q (a reload that changes them
+// starts a new one).
+func (cs *clusterState) pacer(q QuotaConfig) *pushLimiter {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.pushes == nil || cs.pushesFor.PushesPerSecond != q.PushesPerSecond || cs.pushesFor.PushBurst != q.PushBurst {
+		cs.pushes, cs.pushesFor = newPushLimiter(q), q
+	}
+	return cs.pushes
 }
 
 // addClusterLocked brings a cluster into the hub's state. The caller holds clustersMu.

@@ -126,6 +126,9 @@ type Config struct {
 	// Breaker holds a cluster's deletions that would withdraw too much of what it serves
 	// (see BreakerConfig; clusters[].breaker overrides it per cluster).
 	Breaker BreakerConfig `json:"breaker,omitempty"`
+	// Quotas bound what each cluster may publish (see QuotaConfig; clusters[].quotas
+	// overrides them per cluster).
+	Quotas QuotaConfig `json:"quotas,omitempty"`
 }
 
 // Defaults returns every default of the hub's configuration, in one literal. ParseConfig
@@ -157,6 +160,11 @@ func Defaults() *Config {
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
 		// seconds covers a source pushing each of its collections in turn.
 		Breaker: BreakerConfig{MaxDeleteShare: 0.5, MinDeletes: 10, Settle: ops.D(2 * time.Second)},
+		// Far above a large cluster's mesh configuration (thousands of objects of a few KB),
+		// far below what would starve the others; maxObjectBytes 0 is what a sink can
+		// receive in one push. The push rate leaves room for a minion's initial sync (one
+		// push per collection at once) and paces a flood to what sinks can follow.
+		Quotas: QuotaConfig{MaxObjects: 200_000, MaxBytes: 512 << 20, PushesPerSecond: 100, PushBurst: 300},
 	}
 }
 
@@ -230,6 +238,8 @@ type ClusterConfig struct {
 	FullState bool `json:"fullState,omitempty"`
 	// Breaker overrides the hub's breaker fields it sets for this cluster.
 	Breaker *BreakerConfig `json:"breaker,omitempty"`
+	// Quotas overrides the hub's quota fields it sets for this cluster.
+	Quotas *QuotaConfig `json:"quotas,omitempty"`
 }
 
 // ConflictConfig is the conflict policy.
@@ -383,6 +393,18 @@ type compiled struct {
 	insecure    bool
 	kindTable   *kinds.Table // the built-in and configured kinds
 	breaker     BreakerConfig
+	quotas      QuotaConfig
+	maxMessage  int // maxMessageSize: what a sink can receive in one push
+}
+
+// quotaFor is cluster's bounds: the hub's quotas with the cluster's overrides, and what a
+// sink can receive of a collection.
+func (c *compiled) quotaFor(cluster string) *quotaGuard {
+	q := c.quotas.over(c.clusters[cluster].Quotas)
+	if q.MaxObjectBytes == 0 {
+		q.MaxObjectBytes = maxServedObject(c.maxMessage)
+	}
+	return &quotaGuard{q: q, collectionBudget: int64(c.maxMessage - pushEnvelope)}
 }
 
 // breakerFor is cluster's breaker: the hub's, with the cluster's overrides.
@@ -493,13 +515,17 @@ func (c *Config) compile() (*compiled, error) {
 	if err := c.Breaker.check("breaker"); err != nil {
 		return nil, err
 	}
+	if err := c.Quotas.check("quotas", c.MaxMessageSize); err != nil {
+		return nil, err
+	}
 	if c.Breaker.MaxDeleteShare == 0 {
 		return nil, errors.New("breaker.maxDeleteShare: required (0.5 holds deletions of more than half of what a cluster serves)")
 	}
 	if len(c.Clusters) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker}
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker,
+		quotas: c.Quotas, maxMessage: c.MaxMessageSize}
 	owners := make([]acl.Cluster, 0, len(c.Clusters))
 	for i, cl := range c.Clusters {
 		field := fmt.Sprintf("clusters[%d]", i)
@@ -513,6 +539,9 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, err
 		}
 		if err := cl.Breaker.check(fmt.Sprintf("%s (%q).breaker", field, cl.Name)); err != nil {
+			return nil, err
+		}
+		if err := cl.Quotas.check(fmt.Sprintf("%s (%q).quotas", field, cl.Name), c.MaxMessageSize); err != nil {
 			return nil, err
 		}
 		out.clusters[cl.Name] = cl

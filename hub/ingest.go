@@ -126,7 +126,7 @@ func (h *Hub) newSession(cs *clusterState, opts SessionOptions, peer *peerSource
 	so := mcp.SinkOptions{
 		Collections:     h.current().comp.collections(cs.name),
 		Node:            opts.Node,
-		Applier:         mcp.ApplierFunc(func(_ context.Context, c *mcp.Change) error { return h.apply(s, c) }),
+		Applier:         mcp.ApplierFunc(func(ctx context.Context, c *mcp.Change) error { return h.applyPaced(ctx, s, c) }),
 		InitialVersions: func(coll string) map[string]string { return h.store.versions(cs.name, coll) },
 		MaxMessageSize:  MaxIngestMessageSize,
 		Logger:          cs.log,
@@ -143,6 +143,18 @@ func (h *Hub) newSession(cs *clusterState, opts SessionOptions, peer *peerSource
 	var err error
 	s.sink, err = mcp.NewSink(so)
 	return s, err
+}
+
+// applyPaced applies a push of a session once the cluster's push rate allows it: a
+// cluster pushing faster waits on its own stream (its source coalesces meanwhile).
+func (h *Hub) applyPaced(ctx context.Context, s *Session, c *mcp.Change) error {
+	if s.own {
+		q := h.current().comp.quotaFor(s.cs.name).q
+		if err := s.cs.pacer(q).wait(ctx); err != nil {
+			return err
+		}
+	}
+	return h.apply(s, c)
 }
 
 // apply checks one push of a session against the ownership ACL, stores the accepted part
@@ -167,7 +179,11 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	var put []*resource
 	var rejected []mcp.Rejection
 	keep := map[string]bool{}
-	aclRejected := false
+	aclRejected, overQuota := false, false
+	var quota *quotaGuard // copies were bounded where they were written
+	if s.own {
+		quota = cur.comp.quotaFor(cs.name)
+	}
 	for i, e := range c.Entries {
 		r := c.Resources[i]
 		hosts, err := acl.Hosts(c.Collection, r.GetBody().GetValue())
@@ -181,6 +197,11 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 			continue
 		}
 		res, err := newResource(cs.name, c.Collection, e, r, hosts)
+		if err == nil && quota != nil && len(res.served.Encoded) > quota.q.MaxObjectBytes {
+			err = fmt.Errorf("%s is %d bytes as served, more than maxObjectBytes %d (what a sink can receive in one push is %d)",
+				e.Name, len(res.served.Encoded), quota.q.MaxObjectBytes, maxServedObject(cur.comp.maxMessage))
+			overQuota = true
+		}
 		if err != nil {
 			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
 			keep[e.Name] = true
@@ -188,7 +209,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		}
 		put = append(put, res)
 	}
-	w := write{collection: c.Collection, put: put, remove: c.Removed, full: !c.Incremental, keep: keep}
+	w := write{collection: c.Collection, put: put, remove: c.Removed, full: !c.Incremental, keep: keep, quota: quota}
 	if s.own {
 		w.guard = &breakerGuard{cfg: cur.comp.breakerFor(cs.name), now: h.now()}
 	}
@@ -197,6 +218,8 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
 	h.breakerChanged(cs, c.Collection, res.breaker)
+	rejected = append(rejected, res.refused...)
+	overQuota = overQuota || len(res.refused) > 0
 	refused := len(rejected) // the ones not stored; conflicts are stored and may be served later
 	for _, cf := range res.lost {
 		rejected = append(rejected, mcp.Rejection{Resource: cf.Name,
@@ -256,6 +279,8 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	switch {
 	case aclRejected:
 		code = codes.PermissionDenied
+	case overQuota:
+		code = codes.ResourceExhausted
 	case res.breaker.open && len(res.breaker.withheld) > 0:
 		code = codes.FailedPrecondition
 	}

@@ -65,6 +65,8 @@ type clusterData struct {
 	colls   map[string]map[string]*resource // collection -> name -> resource
 	removed bool
 	held    heldDeletions // deletions its breaker holds (their resources are still in colls)
+	objects int           // how many resources colls holds
+	bytes   int64         // what they add up to, as served (servedSize)
 }
 
 // errRemoved refuses a write to a cluster that has left the configuration.
@@ -90,12 +92,16 @@ type store struct {
 	// conflicting counts the collection/names held by more than one cluster.
 	conflicting int
 	views       map[string]*view // subset key -> view
+	// collBytes is what each collection's resources add up to as served, all candidates of
+	// all clusters (a bound on any view's full state).
+	collBytes map[string]int64
 }
 
 func newStore(collections []string, policy ConflictPolicy, log *slog.Logger, m *Metrics,
 	changed func(cluster, collection string, put []*mcp.Entry, removed []string)) *store {
 	return &store{log: log, collections: collections, policy: policy, metrics: m, changed: changed,
-		clusters: map[string]*clusterData{}, index: map[string]map[string][]*resource{}, views: map[string]*view{}}
+		clusters: map[string]*clusterData{}, index: map[string]map[string][]*resource{}, views: map[string]*view{},
+		collBytes: map[string]int64{}}
 }
 
 // addCluster starts an empty store for a cluster joining the configuration.
@@ -152,6 +158,7 @@ type write struct {
 	full       bool
 	keep       map[string]bool
 	guard      *breakerGuard
+	quota      *quotaGuard // the cluster's bounds; nil for copies (already bounded where they were written)
 }
 
 // applied is what a write did.
@@ -159,6 +166,7 @@ type applied struct {
 	lost    []api.Conflict // conflicts the write's put resources lose, by name
 	held    int            // resources the cluster now holds in the collection
 	breaker breakerVerdict
+	refused []mcp.Rejection // put resources over a bound: not stored (a last accepted version stays)
 }
 
 // apply records a cluster's write, or returns errRemoved.
@@ -197,12 +205,20 @@ func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 	var putReceived []*mcp.Entry
 	removed := s.dropLocked(d, collection, removing, touched)
 	for _, r := range w.put {
-		if old := have[r.name]; old != nil {
-			if old.version == r.version {
-				continue
-			}
-			s.dropCandidateLocked(old)
+		old := have[r.name]
+		if old != nil && old.version == r.version {
+			continue
 		}
+		if why := s.overQuotaLocked(d, collection, old, r, w.quota); why != "" {
+			res.refused = append(res.refused, mcp.Rejection{Resource: r.name, Reason: why})
+			continue
+		}
+		if old != nil {
+			s.dropCandidateLocked(old)
+		} else {
+			d.objects++
+		}
+		d.bytes += servedSize(r) - servedSize(old)
 		have[r.name] = r
 		s.addCandidateLocked(r)
 		touched[r.name] = true
@@ -224,6 +240,26 @@ func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 	return res, nil
 }
 
+// overQuotaLocked says why putting r in place of old (nil: a new object) would exceed
+// the cluster's bounds or what a sink can receive of the collection, or "". The caller holds
+// the lock.
+func (s *store) overQuotaLocked(d *clusterData, collection string, old, r *resource, g *quotaGuard) string {
+	if g == nil {
+		return ""
+	}
+	grow := servedSize(r) - servedSize(old)
+	switch {
+	case old == nil && g.q.MaxObjects > 0 && d.objects >= g.q.MaxObjects:
+		return fmt.Sprintf("quota: cluster %q holds %d objects, its maxObjects", d.name, d.objects)
+	case grow > 0 && g.q.MaxBytes > 0 && d.bytes+grow > g.q.MaxBytes:
+		return fmt.Sprintf("quota: cluster %q's objects would add up to %d bytes, more than its maxBytes %d", d.name, d.bytes+grow, g.q.MaxBytes)
+	case grow > 0 && s.collBytes[collection]+grow > g.collectionBudget:
+		return fmt.Sprintf("%s would add up to %d bytes with it, all clusters together: more than a sink can receive in one push (maxMessageSize, less %d bytes of envelope)",
+			collection, s.collBytes[collection]+grow, pushEnvelope)
+	}
+	return ""
+}
+
 // dropLocked deletes names from what d holds in collection (those it holds), marking them
 // touched for the views and forgetting any held deletion of them, and returns the names
 // deleted (only when a layer is told of changes). The caller publishes.
@@ -236,6 +272,8 @@ func (s *store) dropLocked(d *clusterData, collection string, names []string, to
 			continue
 		}
 		delete(have, n)
+		d.objects--
+		d.bytes -= servedSize(old)
 		d.held.unhold(collection, n)
 		s.dropCandidateLocked(old)
 		touched[n] = true

@@ -1,0 +1,120 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/time/rate"
+)
+
+// Bounds on what one cluster may publish. A cluster's flood or mistake must not take
+// memory and CPU from the others, and the hub must never accept what it cannot serve: a
+// full-state sink (istiod) receives a whole collection in one message of at most
+// maxMessageSize, so an object, or a collection, larger than that would stop the whole
+// collection for every such sink. Over a bound the object is refused at ingest, by name and
+// with the bound (its last accepted version, if any, stays), like an ownership refusal;
+// pushes faster than the cluster's rate are not refused but wait, on the cluster's own
+// stream: its source coalesces what changes meanwhile, and no other cluster waits.
+
+// QuotaConfig bounds what one cluster may publish.
+type QuotaConfig struct {
+	// MaxObjects is how many objects the cluster may hold, all collections together.
+	MaxObjects int `json:"maxObjects,omitempty"`
+	// MaxObjectBytes is the largest object accepted, as served (at most what a sink can
+	// receive in one message: maxMessageSize less the envelope).
+	MaxObjectBytes int `json:"maxObjectBytes,omitempty"`
+	// MaxBytes is the most the cluster's objects may add up to, as served.
+	MaxBytes int64 `json:"maxBytes,omitempty"`
+	// PushesPerSecond and PushBurst bound how fast the cluster's pushes are applied;
+	// faster pushes wait on their stream (the source coalesces changes meanwhile).
+	PushesPerSecond float64 `json:"pushesPerSecond,omitempty"`
+	PushBurst       int     `json:"pushBurst,omitempty"`
+}
+
+// over returns q with the fields o sets.
+func (q QuotaConfig) over(o *QuotaConfig) QuotaConfig {
+	if o == nil {
+		return q
+	}
+	if o.MaxObjects != 0 {
+		q.MaxObjects = o.MaxObjects
+	}
+	if o.MaxObjectBytes != 0 {
+		q.MaxObjectBytes = o.MaxObjectBytes
+	}
+	if o.MaxBytes != 0 {
+		q.MaxBytes = o.MaxBytes
+	}
+	if o.PushesPerSecond != 0 {
+		q.PushesPerSecond = o.PushesPerSecond
+	}
+	if o.PushBurst != 0 {
+		q.PushBurst = o.PushBurst
+	}
+	return q
+}
+
+// check validates the fields set; maxMessageSize bounds maxObjectBytes.
+func (q *QuotaConfig) check(field string, maxMessageSize int) error {
+	if q == nil {
+		return nil
+	}
+	switch {
+	case q.MaxObjects < 0:
+		return fmt.Errorf("%s.maxObjects: %d is negative", field, q.MaxObjects)
+	case q.MaxBytes < 0:
+		return fmt.Errorf("%s.maxBytes: %d is negative", field, q.MaxBytes)
+	case q.MaxObjectBytes < 0 || q.MaxObjectBytes > maxServedObject(maxMessageSize):
+		return fmt.Errorf("%s.maxObjectBytes: %d is not between 0 and %d (what a sink can receive in one message of maxMessageSize %d)",
+			field, q.MaxObjectBytes, maxServedObject(maxMessageSize), maxMessageSize)
+	case q.PushesPerSecond < 0 || q.PushBurst < 0:
+		return fmt.Errorf("%s.pushesPerSecond and pushBurst: negative", field)
+	}
+	return nil
+}
+
+// A push's envelope (collection, versions, nonce) and each resource's framing, which over
+// MCP-over-xDS includes an Any's type URL: what a served collection costs beyond its
+// objects' bytes. Generous, so that the check never passes what the engine then cannot send.
+const (
+	pushEnvelope     = 1024
+	resourceOverhead = 64
+)
+
+// maxServedObject is the largest object a sink can receive in one message.
+func maxServedObject(maxMessageSize int) int {
+	return maxMessageSize - pushEnvelope - resourceOverhead
+}
+
+// servedSize is what r costs in a served push.
+func servedSize(r *resource) int64 {
+	if r == nil {
+		return 0
+	}
+	return int64(len(r.served.Encoded)) + resourceOverhead
+}
+
+// quotaGuard is what the store needs to bound a cluster's write.
+type quotaGuard struct {
+	q QuotaConfig
+	// collectionBudget is the most a collection may add up to, all clusters together.
+	collectionBudget int64
+}
+
+// pushLimiter paces one cluster's pushes.
+type pushLimiter struct{ l *rate.Limiter }
+
+func newPushLimiter(q QuotaConfig) *pushLimiter {
+	if q.PushesPerSecond <= 0 {
+		return &pushLimiter{}
+	}
+	return &pushLimiter{l: rate.NewLimiter(rate.Limit(q.PushesPerSecond), max(q.PushBurst, 1))}
+}
+
+// wait blocks until the cluster may push again, or ctx ends.
+func (p *pushLimiter) wait(ctx context.Context) error {
+	if p == nil || p.l == nil {
+		return nil
+	}
+	return p.l.Wait(ctx)
+}
