@@ -613,8 +613,15 @@ func (c *Config) compile() (*compiled, error) {
 	if err := checkNamespaceOverlap(c.Clusters, shared); err != nil {
 		return nil, err
 	}
-	if out.routes, err = routing.New(c.Routing); err != nil {
+	// Rules may select by node ids alone where sink makes them the certificates' names, and in
+	// insecure development mode, where identities are a header anyone sets, so requiring one
+	// beside a node id would prove nothing (a rule tried there keeps its meaning under a trust
+	// domain). Annotations only narrow, everywhere.
+	if out.routes, err = routing.New(c.Routing, routing.Options{NodeIDsProven: out.nodeIDsProven() || c.Insecure}); err != nil {
 		return nil, fmt.Errorf("routing.%w", err)
+	}
+	if err := c.checkSinkTrust(out); err != nil {
+		return nil, err
 	}
 	out.kindTable = kindTable
 	return out, nil

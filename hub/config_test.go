@@ -16,6 +16,7 @@ ingest: 0.0.0.0:9901
 serve: 0.0.0.0:9900
 http: 127.0.0.1:9990
 tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key, caFile: /tls/ca.crt}
+trustDomain: mesh.example.com
 clusters:
 - name: east
   identities: [spiffe://mesh.example.com/cluster/east]

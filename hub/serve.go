@@ -28,16 +28,24 @@ import (
 // its SinkNode's annotations, and its node id, which, when the hub has a trust domain (and
 // TLS) and the identity is one of its SPIFFE IDs, is the name in the peer's certificate: a
 // SinkNode id that says otherwise is not believed, and a sink that sends none is still
-// routed by its name. Every caller that asks who a sink is uses it: the serving router, a
-// reload's re-route, the sink list, why and the dry run.
+// routed by its name. That is what lets routing rules select by node ids alone under a trust
+// domain (nodeIDsProven); annotations stay claims, which rules may only narrow by. Every
+// caller that asks who a sink is uses it: the serving router, a reload's re-route, the sink
+// list, why and the dry run.
 func (c *compiled) sink(identity, nodeID string, annotations map[string]string) routing.Sink {
-	if c.trustDomain != "" && !c.insecure {
+	if c.nodeIDsProven() {
 		if _, name, _ := meshtls.ParseID(c.trustDomain, identity); name != "" {
 			nodeID = name
 		}
 	}
 	return routing.Sink{Identity: identity, NodeID: nodeID, Annotations: annotations}
 }
+
+// nodeIDsProven reports whether sink gives every sink of the serve listener the name in its
+// certificate as its node id: under a trust domain over TLS, where that listener admits only
+// spiffe://<td>/sink/NAME identities (requireKind), each with a name. (A dialed sink's node id
+// and identity are the configuration's, and a dry run's the operator's question.)
+func (c *compiled) nodeIDsProven() bool { return c.trustDomain != "" && !c.insecure }
 
 // streamSink is sink for a serving stream: one admitted without authentication
 // (serveUnauthenticated) is routed as such, whatever it claims.

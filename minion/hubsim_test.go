@@ -36,6 +36,9 @@ type hubSim struct {
 	removed map[string][]string // collection -> names removed, in order
 	streams int
 	reject  func(collection string, r *mcpapi.Resource) string
+	// hold, when set, decides per removal whether to hold it (the hub's breaker: the
+	// resource stays, and the push is NACKed with the held deletions marked).
+	hold func(collection, name string) string
 	stop    func()
 	creds   credentials.TransportCredentials // nil: plaintext
 	peers   []string                         // client certificate common names, when TLS
@@ -160,13 +163,19 @@ func (h *hubSim) Apply(_ context.Context, c *mcp.Change) error {
 		}
 		h.state[c.Collection] = coll
 	}
+	var rejected []mcp.Rejection
 	for _, n := range c.Removed {
+		if h.hold != nil {
+			if why := h.hold(c.Collection, n); why != "" {
+				rejected = append(rejected, mcp.Rejection{Resource: n, Reason: why, Held: true})
+				continue
+			}
+		}
 		if _, ok := coll[n]; ok {
 			h.removed[c.Collection] = append(h.removed[c.Collection], n)
 		}
 		delete(coll, n)
 	}
-	var rejected []mcp.Rejection
 	for _, r := range c.Resources {
 		if h.reject != nil {
 			if why := h.reject(c.Collection, r); why != "" {

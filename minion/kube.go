@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +29,9 @@ import (
 const (
 	ReasonInvalidSpec   = "InvalidSpec"
 	ReasonRejectedByHub = "RejectedByHub"
+	// ReasonDeletionHeldByHub: the object was deleted here, but the hub's mass-deletion
+	// breaker holds the deletion (the hub keeps serving the object).
+	ReasonDeletionHeldByHub = "DeletionHeldByHub"
 )
 
 // KubeSource publishes Kubernetes objects of the configured kinds, read through dynamic
@@ -274,6 +278,30 @@ func (s *KubeSource) ReportRejection(collection, resource, reason string) bool {
 			s.warnOnce(u, collection+"/"+resource, ReasonRejectedByHub, reason)
 			return true
 		}
+	}
+	return false
+}
+
+// ReportHeldDeletion records, as a Warning Event on the object's reference, that the hub
+// holds its deletion, if this source publishes the collection. The object is gone from
+// the API server, so the Event names it by kind, namespace and name
+// (kubectl get events -n NAMESPACE shows it).
+func (s *KubeSource) ReportHeldDeletion(collection, resource, reason string) bool {
+	for _, k := range s.kinds {
+		if k.Collection != collection {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion(k.GVR().GroupVersion().String())
+		u.SetKind(k.Kind)
+		ns, name, ok := strings.Cut(resource, "/")
+		if !ok {
+			ns, name = "", resource
+		}
+		u.SetNamespace(ns)
+		u.SetName(name)
+		s.warnOnce(u, collection+"/"+resource, ReasonDeletionHeldByHub, reason)
+		return true
 	}
 	return false
 }

@@ -339,6 +339,31 @@ func TestKubeIntegration(t *testing.T) {
 		}
 	})
 
+	t.Run("a deletion the hub holds becomes an event", func(t *testing.T) {
+		f.env.CreateNamespace("held")
+		hub := startHubSim(t, vsColl, drColl)
+		const why = "deletion held: the hub's mass-deletion breaker for cluster \"kube\" is open"
+		hub.mu.Lock()
+		hub.hold = func(_, name string) string {
+			if name == "held/gone" {
+				return why
+			}
+			return ""
+		}
+		hub.mu.Unlock()
+		runMinion(t, f.minionConfig(hub, SourceConfig{Namespaces: []string{"held"}}))
+		f.create(t, vsObject("held", "gone", []string{"gone"}, nil, nil))
+		waitFor(t, 30*time.Second, "the object at the hub", func() bool { return hub.get(vsColl, "held/gone") != nil })
+		f.delete(t, "held", "gone")
+		waitFor(t, 10*time.Second, "a DeletionHeldByHub event on the deleted object", func() bool {
+			ev := f.events(t, "held", "gone")
+			return len(ev) == 1 && ev[0] == ReasonDeletionHeldByHub+": "+why+" (x1)"
+		})
+		if hub.get(vsColl, "held/gone") == nil {
+			t.Error("the hub simulator removed a held deletion")
+		}
+	})
+
 	t.Run("apiserver restart", func(t *testing.T) {
 		f.env.CreateNamespace("restart")
 		f.create(t, vsObject("restart", "a", []string{"a"}, nil, nil))

@@ -230,9 +230,17 @@ func (m *Minion) onAck(_ *mcp.StreamInfo, ev mcp.AckEvent) {
 		if m.metrics != nil {
 			m.metrics.rejections.WithLabelValues(ev.Collection).Inc()
 		}
-		m.log.Warn("hub rejected a resource", "collection", ev.Collection, "resource", r.Resource, "reason", r.Reason)
+		if r.Held {
+			m.log.Warn("hub holds a deletion: its mass-deletion breaker is open; the object is still served", "collection", ev.Collection, "resource", r.Resource, "reason", r.Reason)
+		} else {
+			m.log.Warn("hub rejected a resource", "collection", ev.Collection, "resource", r.Resource, "reason", r.Reason)
+		}
 		for _, k := range m.kube {
-			if k.ReportRejection(ev.Collection, r.Resource, r.Reason) {
+			report := k.ReportRejection
+			if r.Held {
+				report = k.ReportHeldDeletion
+			}
+			if report(ev.Collection, r.Resource, r.Reason) {
 				break
 			}
 		}

@@ -2,13 +2,17 @@
 //
 // Rules select sinks by their authenticated identity and by their SinkNode id and
 // annotations, and give them collections, clusters, namespaces (patterns of package
-// hub/pattern, the ownership's grammar) and a label selector. A sink receives the union of
-// the rules that select it; a sink no rule selects receives nothing unless the configuration
-// names a default rule. Two kinds of sink are selected only by rules marked for them, never
-// by other rules nor by the default: sinks without an authenticated identity (rules marked
-// unauthenticated, by what the sink claims) and minions' relays (rules marked relays). Sinks
-// selected by the same rules share one Subset (the same pointer), so the hub computes,
-// encodes and sends one view for all of them.
+// hub/pattern, the ownership's grammar) and a label selector. A SinkNode's annotations, and
+// its id unless the caller proves it (Options.NodeIDsProven), are what the sink says about
+// itself: a rule may select by them only together with what is proven (identities, or proven
+// node ids), so that they narrow what the identity is given and never grant more, and New
+// refuses a rule that selects by claims alone. A sink receives the union of the rules that
+// select it; a sink no rule selects receives nothing unless the configuration names a default
+// rule. Two kinds of sink are selected only by rules marked for them, never by other rules
+// nor by the default: sinks without an authenticated identity (rules marked unauthenticated,
+// by what the sink claims: the one place claims alone select) and minions' relays (rules
+// marked relays). Sinks selected by the same rules share one Subset (the same pointer), so
+// the hub computes, encodes and sends one view for all of them.
 //
 // It is pure: values in, decisions out, no I/O. It does not authenticate sinks (the identity
 // it is given is already verified) and does not check who may publish what (that is the
@@ -35,15 +39,20 @@ type Rule struct {
 	// Identities are patterns on the sink's authenticated identity, e.g.
 	// "spiffe://mesh.example.com/sink/prod-*". "*" matches any run of characters.
 	Identities []string `json:"identities,omitempty"`
-	// NodeIDs are patterns on the SinkNode id the sink sends.
+	// NodeIDs are patterns on the SinkNode id. The id is what the sink claims unless the
+	// caller proves it (Options.NodeIDsProven: the hub, under a trust domain, makes it the
+	// name in the sink's certificate); a rule selecting by claimed ids must also name
+	// identities, which the ids then only narrow.
 	NodeIDs []string `json:"nodeIds,omitempty"`
-	// Annotations the SinkNode must carry, with value patterns. Annotations are what the
-	// sink says about itself: a rule that grants sensitive data should also name identities.
+	// Annotations the SinkNode must carry, with value patterns. Annotations are always what
+	// the sink says about itself: a rule selecting by them must also name identities (or
+	// proven node ids), which they then only narrow.
 	Annotations map[string]string `json:"annotations,omitempty"`
 	// Unauthenticated: the rule selects only sinks that have no authenticated identity (the
 	// hub's serveUnauthenticated listener, for istiod, which presents no client
-	// certificate), by the node id and annotations they claim; no other rule, and not the
-	// default, selects such sinks. It cannot name identities.
+	// certificate), by the node id and annotations they claim (the only rules that select by
+	// claims alone); no other rule, and not the default, selects such sinks. It cannot name
+	// identities.
 	Unauthenticated bool `json:"unauthenticated,omitempty"`
 	// Relays: the rule selects only minions' relays (a cluster subscribing, with its
 	// identity, for its own istiod), e.g. identities: [spiffe://<td>/cluster/east]; no
@@ -65,9 +74,10 @@ type Rule struct {
 type Config struct {
 	// Rules, in any order (the union is taken).
 	Rules []Rule `json:"rules,omitempty"`
-	// Default, if set, is what a sink no rule selects receives; its selection conditions
-	// are ignored. Unset: such a sink receives nothing (every collection it asks for is
-	// answered with an empty state).
+	// Default, if set, is what a sink no rule selects receives. It selects by nothing: it may
+	// not name identities, nodeIds or annotations (a condition there would read as a
+	// restriction that does not hold). Unset: such a sink receives nothing (every collection
+	// it asks for is answered with an empty state).
 	Default *Rule `json:"default,omitempty"`
 }
 
@@ -109,8 +119,20 @@ type Table struct {
 	subsets map[string]*Subset
 }
 
+// Options is what the caller vouches for about the sinks it will ask about.
+type Options struct {
+	// NodeIDsProven: the node id of every sink the caller asks about (but unauthenticated
+	// ones) is not the sink's claim but a name its authenticated identity proves (the hub,
+	// under a trust domain over TLS, replaces the SinkNode id with the name in the sink's
+	// certificate). A rule may then select by nodeIds alone, and node ids may stand for
+	// identities beside annotations. Unset, a rule selecting by nodeIds must name identities.
+	// (The hub also sets it in insecure development mode, where nothing is proven: an
+	// identity there is a header anyone sets, no better than a node id.)
+	NodeIDsProven bool
+}
+
 // New compiles and validates cfg. Errors name the field.
-func New(cfg Config) (*Table, error) {
+func New(cfg Config, opts Options) (*Table, error) {
 	t := &Table{subsets: map[string]*Subset{}}
 	seen := map[string]bool{}
 	for i, r := range cfg.Rules {
@@ -124,6 +146,9 @@ func New(cfg Config) (*Table, error) {
 		seen[r.Name] = true
 		cr, err := compile(field, r)
 		if err != nil {
+			return nil, err
+		}
+		if err := checkClaims(field, r, opts); err != nil {
 			return nil, err
 		}
 		t.rules = append(t.rules, cr)
@@ -140,7 +165,17 @@ func New(cfg Config) (*Table, error) {
 		if d.Unauthenticated || d.Relays {
 			return nil, fmt.Errorf("default: the default never serves sinks without an identity nor relays; give them rules of their own")
 		}
-		d.Identities, d.NodeIDs, d.Annotations = nil, nil, nil
+		// The default selects every sink no rule selects: a condition written on it would
+		// read as a restriction (only these identities, only a sink claiming team=pay) and
+		// silently not be one.
+		for _, c := range []struct {
+			name string
+			set  bool
+		}{{"identities", len(d.Identities) > 0}, {"nodeIds", len(d.NodeIDs) > 0}, {"annotations", len(d.Annotations) > 0}} {
+			if c.set {
+				return nil, fmt.Errorf("default.%s: the default selects every sink no rule selects, by nothing: write a rule selecting by %s instead", c.name, c.name)
+			}
+		}
 		cr, err := compile("default", d)
 		if err != nil {
 			return nil, err
@@ -194,6 +229,26 @@ func compile(field string, r Rule) (*rule, error) {
 		cr.selector = sel
 	}
 	return cr, nil
+}
+
+// checkClaims refuses a rule that would give a sink something for what it says about itself:
+// a rule (not unauthenticated) that selects by annotations, or by node ids the caller does
+// not prove, must also select by something proven (identities, or proven node ids), so that
+// the claims only narrow what that grants. Otherwise a sink whose certificate is given three
+// objects gets six by claiming team=pay, or another cluster's data by claiming a node id.
+func checkClaims(field string, r Rule, opts Options) error {
+	if r.Unauthenticated || len(r.Identities) > 0 {
+		return nil
+	}
+	if len(r.NodeIDs) > 0 && !opts.NodeIDsProven {
+		return fmt.Errorf("%s.nodeIds: a SinkNode id is what the sink claims here, nothing proves it: "+
+			"name identities too (the node ids then narrow what they give), or set the hub's trustDomain (a sink's node id is then the name in its certificate)", field)
+	}
+	if len(r.Annotations) > 0 && len(r.NodeIDs) == 0 {
+		return fmt.Errorf("%s.annotations: annotations are what the sink claims, and select nothing by themselves: "+
+			"name identities too (the annotations then narrow what they give), or mark the rule unauthenticated for serveUnauthenticated's sinks", field)
+	}
+	return nil
 }
 
 func globs(field string, patterns []string) ([]glob, error) {

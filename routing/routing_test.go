@@ -58,7 +58,8 @@ func TestGolden(t *testing.T) {
 				t.Fatalf("resources.yaml: %v", err)
 			}
 			var b strings.Builder
-			table, err := New(cfg)
+			// As the hub routes without a trust domain: node ids are claims.
+			table, err := New(cfg, Options{})
 			if err != nil {
 				fmt.Fprintf(&b, "config error: %v\n", err)
 			} else {
@@ -95,8 +96,8 @@ func TestGolden(t *testing.T) {
 func TestSameRulesShareOneSubset(t *testing.T) {
 	table, err := New(Config{Rules: []Rule{
 		{Name: "prod", Identities: []string{"spiffe://m/sink/prod-*"}},
-		{Name: "istio", NodeIDs: []string{"istiod-*"}, Collections: []string{"istio/*"}},
-	}})
+		{Name: "istio", Identities: []string{"spiffe://m/sink/*"}, NodeIDs: []string{"istiod-*"}, Collections: []string{"istio/*"}},
+	}}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,35 +113,92 @@ func TestSameRulesShareOneSubset(t *testing.T) {
 }
 
 func TestNewErrorsNameTheField(t *testing.T) {
+	proven := Options{NodeIDsProven: true}
 	for _, tc := range []struct {
 		cfg  Config
+		opts Options
 		want string
 	}{
-		{Config{Rules: []Rule{{}}}, "rules[0].name: required"},
-		{Config{Rules: []Rule{{Name: "a"}, {Name: "a"}}}, `rules[1].name: "a" is used twice`},
-		{Config{Rules: []Rule{{Name: "a", Labels: "x in ("}}}, "rules[0].labels"},
-		{Config{Rules: []Rule{{Name: "a", Clusters: []string{""}}}}, "rules[0].clusters[0]: empty pattern"},
+		{Config{Rules: []Rule{{}}}, proven, "rules[0].name: required"},
+		{Config{Rules: []Rule{{Name: "a"}, {Name: "a"}}}, proven, `rules[1].name: "a" is used twice`},
+		{Config{Rules: []Rule{{Name: "a", Labels: "x in ("}}}, proven, "rules[0].labels"},
+		{Config{Rules: []Rule{{Name: "a", Clusters: []string{""}}}}, proven, "rules[0].clusters[0]: empty pattern"},
 		// Namespaces use the ownership's grammar (package hub/pattern).
-		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"*-prod"}}}}, `rules[0].namespaces[0]: "*-prod": "*" may only end the pattern`},
-		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"shop", ""}}}}, `rules[0].namespaces[1]: "": empty pattern`},
-		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, "default.name"},
+		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"*-prod"}}}}, proven, `rules[0].namespaces[0]: "*-prod": "*" may only end the pattern`},
+		{Config{Rules: []Rule{{Name: "a", Namespaces: []string{"shop", ""}}}}, proven, `rules[0].namespaces[1]: "": empty pattern`},
+		{Config{Rules: []Rule{{Name: "a"}}, Default: &Rule{Name: "a"}}, proven, "default.name"},
 		// A Subset's key joins its rules' names with ",": a rule named "a,b" would share the
 		// Subset of the sinks that rules a and b select.
-		{Config{Rules: []Rule{{Name: "a"}, {Name: "b"}, {Name: "a,b"}}}, `rules[2].name: "a,b" contains ","`},
-		{Config{Default: &Rule{Name: "x,y"}}, `default.name: "x,y" contains ","`},
-		{Config{Rules: []Rule{{Name: "a", Annotations: map[string]string{"": "x"}}}}, "rules[0].annotations: empty key"},
-		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Identities: []string{"*"}}}}, "rules[0].identities: an unauthenticated rule selects sinks that have no identity"},
-		{Config{Default: &Rule{Unauthenticated: true}}, "default: the default never serves"},
-		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Relays: true}}}, "rules[0]: relays subscribe with their cluster's identity"},
+		{Config{Rules: []Rule{{Name: "a"}, {Name: "b"}, {Name: "a,b"}}}, proven, `rules[2].name: "a,b" contains ","`},
+		{Config{Default: &Rule{Name: "x,y"}}, proven, `default.name: "x,y" contains ","`},
+		{Config{Rules: []Rule{{Name: "a", Identities: []string{"*"}, Annotations: map[string]string{"": "x"}}}}, proven, "rules[0].annotations: empty key"},
+		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Identities: []string{"*"}}}}, proven, "rules[0].identities: an unauthenticated rule selects sinks that have no identity"},
+		{Config{Default: &Rule{Unauthenticated: true}}, proven, "default: the default never serves"},
+		{Config{Rules: []Rule{{Name: "a", Unauthenticated: true, Relays: true}}}, proven, "rules[0]: relays subscribe with their cluster's identity"},
+		// Claims select nothing by themselves: annotations always, node ids unless proven,
+		// relays' rules too.
+		{Config{Rules: []Rule{{Name: "a", Identities: []string{"*"}}, {Name: "pay", Annotations: map[string]string{"team": "pay"}}}}, proven,
+			"rules[1].annotations: annotations are what the sink claims, and select nothing by themselves: name identities too"},
+		{Config{Rules: []Rule{{Name: "prod", NodeIDs: []string{"prod-*"}}}}, Options{},
+			"rules[0].nodeIds: a SinkNode id is what the sink claims here, nothing proves it: name identities too"},
+		{Config{Rules: []Rule{{Name: "prod", NodeIDs: []string{"prod-*"}, Annotations: map[string]string{"team": "pay"}}}}, Options{}, "rules[0].nodeIds:"},
+		{Config{Rules: []Rule{{Name: "r", Relays: true, NodeIDs: []string{"east"}}}}, Options{}, "rules[0].nodeIds:"},
+		{Config{Rules: []Rule{{Name: "r", Relays: true, Annotations: map[string]string{"a": "b"}}}}, proven, "rules[0].annotations:"},
+		// The default selects by nothing: a condition on it would not hold.
+		{Config{Default: &Rule{Name: "d", Identities: []string{"spiffe://m/sink/prod-*"}}}, proven, "default.identities: the default selects every sink no rule selects, by nothing"},
+		{Config{Default: &Rule{Name: "d", NodeIDs: []string{"prod-*"}}}, proven, "default.nodeIds:"},
+		{Config{Default: &Rule{Name: "d", Annotations: map[string]string{"team": "pay"}}}, proven, "default.annotations:"},
 	} {
-		if _, err := New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := New(tc.cfg, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err = %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
 }
 
+// Claims narrow, never grant: a sink whose identity some rule gives three objects and which
+// claims the annotation and node id of a richer rule gets its three; a sink whose identity the
+// richer rule names gets it only if it also claims the annotation. Node ids the caller proves
+// select alone; unauthenticated rules alone select by claims.
+func TestClaimsOnlyNarrow(t *testing.T) {
+	rules := []Rule{
+		{Name: "shop", Identities: []string{"spiffe://m/sink/*"}, Namespaces: []string{"shop"}},
+		{Name: "pay-team", Identities: []string{"spiffe://m/sink/pay-*"}, Annotations: map[string]string{"team": "pay"}, Namespaces: []string{"pay"}},
+		{Name: "pay-node", Identities: []string{"spiffe://m/sink/pay-*"}, NodeIDs: []string{"pay-istiod"}, Namespaces: []string{"pay"}},
+		{Name: "anon", Unauthenticated: true, Annotations: map[string]string{"team": "pay"}, Namespaces: []string{"public"}},
+	}
+	claims := map[string]string{"team": "pay"}
+	strict, err := New(Config{Rules: rules}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proven, err := New(Config{Rules: append(rules, Rule{Name: "prod-name", NodeIDs: []string{"prod-*"}, Annotations: claims, Namespaces: []string{"ops"}})},
+		Options{NodeIDsProven: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		table *Table
+		sink  Sink
+		want  string
+	}{
+		{strict, Sink{Identity: "spiffe://m/sink/shop-1", NodeID: "pay-istiod", Annotations: claims}, "shop"},
+		{strict, Sink{Identity: "spiffe://m/sink/pay-1", Annotations: claims}, "pay-team,shop"},
+		{strict, Sink{Identity: "spiffe://m/sink/pay-1"}, "shop"},
+		{strict, Sink{Identity: "spiffe://m/sink/pay-1", NodeID: "pay-istiod"}, "pay-node,shop"},
+		{strict, Sink{NodeID: "pay-istiod", Annotations: claims, Unauthenticated: true}, "anon"},
+		// Proven node ids: the caller made the node id the certificate's name.
+		{proven, Sink{Identity: "spiffe://m/sink/prod-1", NodeID: "prod-1", Annotations: claims}, "prod-name,shop"},
+		{proven, Sink{Identity: "spiffe://m/sink/prod-1", NodeID: "prod-1"}, "shop"},
+	} {
+		if got := tc.table.Select(tc.sink).Key(); got != tc.want {
+			t.Errorf("Select(%+v) = %q, want %q", tc.sink, got, tc.want)
+		}
+	}
+}
+
 // A sink without an authenticated identity is selected only by unauthenticated rules (by
-// what it claims), never by others or the default; such rules select no other sink.
+// what it claims), never by others or the default; such rules select no other sink. (Node
+// ids are proven here, as the hub proves them under a trust domain.)
 func TestUnauthenticatedSinks(t *testing.T) {
 	tab, err := New(Config{
 		Rules: []Rule{
@@ -148,7 +206,7 @@ func TestUnauthenticatedSinks(t *testing.T) {
 			{Name: "by-node", NodeIDs: []string{"istiod-*"}},
 		},
 		Default: &Rule{Name: "everything"},
-	})
+	}, Options{NodeIDsProven: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +227,8 @@ func TestUnauthenticatedSinks(t *testing.T) {
 
 // A relay (a cluster subscribing for its istiod) is selected only by rules for relays: a
 // rule written for sinks, even one matching every identity or a node id of the same name,
-// gives it nothing, nor does the default; a rule for relays selects no sink.
+// gives it nothing, nor does the default; a rule for relays selects no sink. (Node ids are
+// proven, as under a trust domain.)
 func TestRelaysOnlyByRelayRules(t *testing.T) {
 	tab, err := New(Config{
 		Rules: []Rule{
@@ -178,7 +237,7 @@ func TestRelaysOnlyByRelayRules(t *testing.T) {
 			{Name: "east-relay", Relays: true, Identities: []string{"spiffe://td/cluster/east"}},
 		},
 		Default: &Rule{Name: "everything"},
-	})
+	}, Options{NodeIDsProven: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +278,7 @@ func FuzzSelect(f *testing.F) {
 	f.Add("spiffe://m/*", "istiod-*", "istio/*", "c*", "ns", "a=b", "spiffe://m/x", "istiod-1", "istio/v", "c1", "ns")
 	f.Fuzz(func(t *testing.T, idP, nodeP, collP, clP, nsP, sel, id, node, coll, cl, ns string) {
 		table, err := New(Config{Rules: []Rule{{Name: "r", Identities: []string{idP}, NodeIDs: []string{nodeP},
-			Collections: []string{collP}, Clusters: []string{clP}, Namespaces: []string{nsP}, Labels: sel}}})
+			Collections: []string{collP}, Clusters: []string{clP}, Namespaces: []string{nsP}, Labels: sel}}}, Options{})
 		if err != nil {
 			return
 		}
@@ -241,7 +300,7 @@ func BenchmarkIncludes(b *testing.B) {
 		rules = append(rules, Rule{Name: fmt.Sprintf("r%02d", i), Collections: []string{"istio/networking/*"},
 			Clusters: []string{fmt.Sprintf("c%02d-*", i)}, Namespaces: []string{"team-*"}, Labels: "mesh=shared"})
 	}
-	table, err := New(Config{Rules: rules})
+	table, err := New(Config{Rules: rules}, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
