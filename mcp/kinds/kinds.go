@@ -4,8 +4,11 @@
 // serves collections by it. Every name a user types for a collection (the programs'
 // configuration files, the hub's commands and admin API) and every type URL istiod
 // requests resolves through a Table: the built-in kinds and the configured ones.
+// Table.Check tells whether a received resource is one of its collection's kind: a
+// Kubernetes name of the kind's scope, a body of the kind's message, decoded strictly.
 //
-// It holds data and lookups only: no conversion (the minion's) and no policy (the hub's).
+// It holds data, lookups and that schema check only: no conversion (the minion's) and no
+// policy (the hub's: who may publish what).
 package kinds
 
 import (

@@ -28,6 +28,7 @@ type Table struct {
 	byName map[string][]int         // lower-case names but group/version/NAME -> kinds
 	byGN   map[string][]int         // lower-case "group/name", for group/version/name
 	byGK   map[schema.GroupKind]int // type URLs
+	bodies []bodyType               // per kind, what Check expects of its bodies
 }
 
 // NewTable returns the built-in kinds and extra, a configuration's kinds. An extra kind with
@@ -60,8 +61,15 @@ func NewTable(extra []Kind) (*Table, error) {
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].Collection < all[j].Collection })
 	t.kinds = all
+	t.bodies = make([]bodyType, len(all))
 	for i, k := range all {
 		t.byColl[k.Collection] = i
+		// Resolved once here, not per resource: Check runs for every resource of every push.
+		bt, err := newBodyType(k)
+		if err != nil {
+			return nil, err
+		}
+		t.bodies[i] = bt
 		gk := schema.GroupKind{Group: k.Group, Kind: k.Kind}
 		if j, dup := t.byGK[gk]; dup {
 			f := field[k.Collection]
