@@ -117,8 +117,8 @@ type Config struct {
 	Poll []PollCluster `json:"poll,omitempty"`
 	// Backoff bounds the redial delay of dialSinks, poll and the replicas' streams.
 	Backoff ops.Backoff `json:"backoff,omitempty"`
-	// Limits on new streams per peer (authenticated identity, else IP address); excess
-	// streams are refused with ResourceExhausted.
+	// Limits on the streams of each peer (authenticated identity, else IP address): how
+	// fast it opens them, how many it keeps open, how soon it must speak.
 	Limits LimitsConfig `json:"limits,omitempty"`
 	// Replicas makes this hub one replica of several acting as one hub (see
 	// ReplicasConfig; the layer is package hub/replicas). Absent: a single hub.
@@ -154,8 +154,11 @@ func Defaults() *Config {
 		MaxMessageSize: mcp.DefaultMaxMessageSize,
 		Backoff:        ops.Backoff{Initial: ops.D(100 * time.Millisecond), Max: ops.D(30 * time.Second)},
 		// Istio's sinks redial in a tight loop when a stream fails: a few streams a second
-		// per peer is plenty for a healthy one.
-		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20},
+		// per peer is plenty for a healthy one. A peer needs one stream per service (a
+		// minion one push and one relay stream, an istiod one), but every istiod of a
+		// deployment may share one sink identity and a lost stream stays open until
+		// keepalive notices: 64 leaves room for both. Every peer speaks at once.
+		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second)},
 		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
 		// seconds covers a source pushing each of its collections in turn.
@@ -181,13 +184,25 @@ func DefaultConfig() *Config {
 	return c
 }
 
-// LimitsConfig bounds how fast one peer may open streams (Istio's sinks redial in a tight
-// loop when a stream fails).
+// LimitsConfig bounds the streams of one peer (authenticated identity, else IP address) on
+// each service of the hub's listeners (MCP, MCP over xDS; ingest and serve alike): how fast
+// it opens them (Istio's sinks redial in a tight loop when a stream fails), how many it
+// keeps open and how soon a new one must speak. Streams between hub replicas are admitted
+// by the replica layer, one per cluster, and not counted here. Every refusal is counted in
+// meshfed_mcp_streams_rejected_total by its reason.
 type LimitsConfig struct {
-	// StreamsPerSecond per peer.
+	// StreamsPerSecond per peer; excess streams are refused with ResourceExhausted
+	// (rate_limited).
 	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
 	// StreamBurst is how many a peer may open at once.
 	StreamBurst int `json:"streamBurst,omitempty"`
+	// MaxStreamsPerPeer is how many streams a peer may keep open at once; one more is
+	// refused with ResourceExhausted (too_many_streams). 0: no cap.
+	MaxStreamsPerPeer int `json:"maxStreamsPerPeer,omitempty"`
+	// IdleTimeout closes a new stream whose peer sends nothing within it (idle). Only the
+	// first message is awaited: a subscribed sink may then be quiet for as long as nothing
+	// changes. 0: none.
+	IdleTimeout Duration `json:"idleTimeout,omitempty"`
 }
 
 // DialSink is a sink the hub dials.
@@ -483,6 +498,12 @@ func (c *Config) compile() (*compiled, error) {
 	}
 	if c.Limits.StreamsPerSecond <= 0 || c.Limits.StreamBurst <= 0 {
 		return nil, errors.New("limits: streamsPerSecond and streamBurst must be positive")
+	}
+	if c.Limits.MaxStreamsPerPeer < 0 {
+		return nil, fmt.Errorf("limits.maxStreamsPerPeer: %d is negative (0 is no cap)", c.Limits.MaxStreamsPerPeer)
+	}
+	if err := c.Limits.IdleTimeout.Check("limits.idleTimeout"); err != nil {
+		return nil, err
 	}
 	if err := c.Backoff.Check("backoff"); err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -135,11 +136,24 @@ func (h *Hub) setupTLS() error {
 	if err != nil {
 		return fmt.Errorf("tls: %w", err)
 	}
-	h.serverOnlyCreds = credentials.NewTLS(ts.ServerOnlyConfig())
-	h.creds = credentials.NewTLS(ts.ServerConfigWith(func(reason string, err error) {
+	// Every refused handshake is counted; one line per peer and reason per interval is
+	// logged, as a client in a redial loop would otherwise flood the log.
+	logs := lograte.New(lograte.DefaultInterval, nil)
+	onReject := func(peer net.Addr, reason string, err error) {
 		h.metrics.tlsRejected(reason)
-		h.log.Warn("TLS handshake refused", "reason", reason, "err", err)
-	}))
+		host := ""
+		if peer != nil {
+			host = peer.String()
+			if hst, _, err := net.SplitHostPort(host); err == nil {
+				host = hst
+			}
+		}
+		if ok, suppressed := logs.Allow(reason + "\x00" + host); ok {
+			h.log.Warn("TLS handshake refused", "reason", reason, "peer", peer, "err", err, "suppressed", suppressed)
+		}
+	}
+	h.serverOnlyCreds = meshtls.ServerCredentials(ts.ServerOnlyConfig(), onReject)
+	h.creds = meshtls.ServerCredentials(ts.ServerConfig(), onReject)
 	h.dialCred = credentials.NewTLS(ts.ClientConfig(tc.ServerName))
 	return nil
 }
@@ -204,7 +218,9 @@ func (h *Hub) Run(ctx context.Context) error {
 		set  *string
 	}
 	ingest := grpc.NewServer(serverOpts(h.creds)...)
-	mcp.NewSinkServer(h.newMinionSink, h.serverConfig(h.authenticateCluster)).Register(ingest)
+	minions := h.serverConfig(h.authenticateCluster)
+	minions.Ready = nil // minions' pushes are what end the warm-up
+	mcp.NewSinkServer(h.newMinionSink, minions).Register(ingest)
 	rc := h.serverConfig(h.authenticateRelay)
 	rc.Listener = relayListener
 	relays := &ingestSource{h: h, relay: mcp.NewSourceServer(h.source, rc)}
@@ -367,7 +383,18 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 	}
 }
 
+// serverConfig admits a listener's streams: auth says who the peer is, the configured
+// limits bound what it may open, and a stream is served only once the hub is ready
+// (readyToServe; a listener whose streams end the warm-up unsets Ready).
 func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.ServerConfig {
-	return mcp.ServerConfig{Authenticate: auth, Logger: h.log, Metrics: h.mcpMetrics,
-		StreamRate: h.cfg.Limits.StreamsPerSecond, StreamBurst: h.cfg.Limits.StreamBurst}
+	l := h.cfg.Limits
+	sc := mcp.ServerConfig{Authenticate: auth, Ready: h.readyToServe, Logger: h.log, Metrics: h.mcpMetrics,
+		StreamRate: l.StreamsPerSecond, StreamBurst: l.StreamBurst, MaxStreamsPerPeer: l.MaxStreamsPerPeer, IdleTimeout: l.IdleTimeout.Duration}
+	if sc.MaxStreamsPerPeer == 0 {
+		sc.MaxStreamsPerPeer = -1 // the configuration's 0 is no cap; the engine's is its default
+	}
+	if sc.IdleTimeout == 0 {
+		sc.IdleTimeout = -1
+	}
+	return sc
 }

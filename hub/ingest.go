@@ -21,9 +21,10 @@ import (
 // cluster; each push goes through the ownership ACL into the store, whose merge and views
 // bring every sink up to date.
 
-// PeerIdentity returns the authenticated identity of a stream's peer: the URI SAN (a
-// SPIFFE ID) of its verified client certificate, else its subject common name; in
-// development mode (insecure), the x-meshfed-dev-identity header.
+// PeerIdentity returns the authenticated identity of a stream's peer: what its verified
+// client certificate names (meshtls.PeerIdentity: its only URI SAN, a SPIFFE ID, else its
+// subject common name; a certificate with several URI SANs is refused); in development
+// mode (insecure), the x-meshfed-dev-identity header.
 func PeerIdentity(ctx context.Context, insecure bool) (string, error) {
 	if insecure {
 		md, _ := metadata.FromIncomingContext(ctx)
@@ -42,14 +43,11 @@ func PeerIdentity(ctx context.Context, insecure bool) (string, error) {
 	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return "", status.Error(codes.Unauthenticated, "no verified client certificate")
 	}
-	leaf := ti.State.PeerCertificates[0]
-	if len(leaf.URIs) > 0 {
-		return leaf.URIs[0].String(), nil
+	id, err := meshtls.PeerIdentity(ti.State.PeerCertificates[0])
+	if err != nil {
+		return "", status.Error(codes.Unauthenticated, err.Error())
 	}
-	if leaf.Subject.CommonName != "" {
-		return leaf.Subject.CommonName, nil
-	}
-	return "", status.Error(codes.Unauthenticated, "client certificate has neither a URI SAN nor a common name")
+	return id, nil
 }
 
 // requireKind refuses id, with PermissionDenied, unless it is an identity of kind in the

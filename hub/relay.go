@@ -48,12 +48,10 @@ func (s *ingestSource) EstablishResourceStream(stream grpc.BidiStreamingServer[m
 	return s.relay.EstablishResourceStream(stream)
 }
 
-// authenticateRelay admits a minion's relay stream once the hub is ready (before, a relay
-// keeps serving what it last had): only the identity of a configured cluster.
+// authenticateRelay admits a minion's relay stream: only the identity of a configured
+// cluster. Like a sink's, the stream is refused until the hub is ready (readyToServe;
+// meanwhile a relay keeps serving what it last had).
 func (h *Hub) authenticateRelay(ctx context.Context) (string, error) {
-	if err := h.authenticateReady(); err != nil {
-		return "", err
-	}
 	return h.authenticateCluster(ctx)
 }
 

@@ -12,9 +12,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
@@ -64,28 +64,40 @@ func (c *compiled) subset(identity, nodeID string, annotations map[string]string
 
 var errNotReady = errors.New("the hub is warming up")
 
-// authenticateReady refuses a sink, with Unavailable, until the hub is ready.
-func (h *Hub) authenticateReady() error {
-	if !h.Ready() {
-		pending := h.pendingClusters()
-		left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
-		return status.Errorf(codes.Unavailable, "%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second))
+// warmUpRetry is the longest a stream refused during the warm-up is told to wait: the
+// clusters may sync well before the warm-up times out.
+const warmUpRetry = 5 * time.Second
+
+// readyToServe is the serving listeners' mcp.ServerConfig.Ready: until the hub is ready,
+// a sink's or a relay's stream is refused with Unavailable, so that it retries instead of
+// receiving a partial state, and told to retry within warmUpRetry. The engine asks it
+// after authentication and the per-peer rate limit: a warm-up refusal is not an
+// authentication failure, and a sink redialing in a tight loop is rate limited.
+func (h *Hub) readyToServe() (wait time.Duration, why string, ok bool) {
+	if h.Ready() {
+		return 0, "", true
 	}
-	return nil
+	pending := h.pendingClusters()
+	left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
+	return min(max(left, time.Second), warmUpRetry),
+		fmt.Sprintf("%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second)), false
 }
 
-// authenticateSink admits a sink's stream once the hub is ready; before, it is refused
-// with Unavailable so the sink retries instead of receiving a partial state.
+// insecureSinks keeps the warning that a sink was taken at its word to a line per identity
+// per interval: a sink redialing in a tight loop would otherwise write one per attempt.
+var insecureSinks = lograte.New(lograte.DefaultInterval, nil)
+
+// authenticateSink admits a sink's identity: a sink kind's (under a trust domain). Until
+// the hub is ready its stream is then refused (readyToServe).
 func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
-	if err := h.authenticateReady(); err != nil {
-		return "", err
-	}
 	id, err := PeerIdentity(ctx, h.cfg.Insecure)
 	if err != nil {
 		return "", err
 	}
 	if h.cfg.Insecure {
-		h.log.Warn("insecure: admitting a sink without TLS, by the identity it claims", "identity", id)
+		if ok, suppressed := insecureSinks.Allow(id); ok {
+			h.log.Warn("insecure: admitting a sink without TLS, by the identity it claims", "identity", id, "suppressed", suppressed)
+		}
 	}
 	if err := h.requireKind(id, meshtls.KindSink, "sinks may subscribe"); err != nil {
 		return "", err
@@ -94,12 +106,9 @@ func (h *Hub) authenticateSink(ctx context.Context) (string, error) {
 }
 
 // authenticateUnauthenticatedSink admits a sink on the serveUnauthenticated listener, which
-// asks for no certificate: once the hub is ready, anyone, without an identity (only
-// unauthenticated routing rules select it, by what it claims).
+// asks for no certificate: anyone, without an identity (only unauthenticated routing rules
+// select it, by what it claims), once the hub is ready (readyToServe).
 func (h *Hub) authenticateUnauthenticatedSink(ctx context.Context) (string, error) {
-	if err := h.authenticateReady(); err != nil {
-		return "", err
-	}
 	addr := ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()

@@ -21,6 +21,12 @@ var (
 	ErrTooLarge = errors.New("message too large")
 	// ErrRateLimited: a peer opened streams faster than allowed.
 	ErrRateLimited = errors.New("too many new streams from this peer")
+	// ErrTooManyStreams: a peer has as many streams open as it may (MaxStreamsPerPeer).
+	ErrTooManyStreams = errors.New("too many open streams from this peer")
+	// ErrNotReady: the server has nothing whole to serve yet (ServerConfig.Ready).
+	ErrNotReady = errors.New("not ready to serve")
+	// ErrIdle: a stream's peer sent nothing within the idle timeout.
+	ErrIdle = errors.New("idle stream")
 	// ErrRejected: the sink's Applier refused a push.
 	ErrRejected = errors.New("push rejected")
 )
@@ -41,8 +47,12 @@ func StatusCode(err error) codes.Code {
 		return codes.InvalidArgument
 	case errors.Is(err, ErrUnknownCollection):
 		return codes.Unimplemented // as Istio's sink answers
-	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrRateLimited):
+	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrRateLimited), errors.Is(err, ErrTooManyStreams):
 		return codes.ResourceExhausted
+	case errors.Is(err, ErrNotReady):
+		return codes.Unavailable
+	case errors.Is(err, ErrIdle):
+		return codes.DeadlineExceeded
 	}
 	return codes.Unknown
 }

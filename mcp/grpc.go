@@ -8,15 +8,20 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/meshfed/meshfed/internal/lograte"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
@@ -25,12 +30,18 @@ import (
 // it on trust. With TLS it is ignored: the identity is the certificate's.
 const DevIdentityHeader = "x-meshfed-dev-identity"
 
-// ServerConfig configures the admission of new streams on SourceServer and SinkServer.
+// ServerConfig configures the admission of new streams on SourceServer, SinkServer and
+// XDSServer. A stream is admitted in this order: Authenticate, the per-peer rate limit,
+// Ready, the per-peer cap on open streams; once admitted, it is closed if its peer says
+// nothing within IdleTimeout. Every refusal is counted by its reason
+// (meshfed_mcp_streams_rejected_total) and logged at most once per peer and reason per
+// minute, with the number of refusals not logged since.
 type ServerConfig struct {
 	// Authenticate returns the authenticated identity of the peer of a new stream, e.g. from
 	// its verified client certificate. An error refuses the stream with that error's status
 	// (use codes.Unauthenticated or codes.PermissionDenied). Nil admits every peer with an
-	// empty identity.
+	// empty identity. It decides who the peer is, not whether the server is ready: that is
+	// Ready's.
 	Authenticate func(ctx context.Context) (identity string, err error)
 	// StreamRate is the number of new streams per second allowed per peer (identity, or IP
 	// address without one); excess streams are refused with ResourceExhausted. Istio's sink
@@ -39,6 +50,22 @@ type ServerConfig struct {
 	// StreamBurst is the number of streams a peer may open at once before StreamRate applies.
 	// Default 20.
 	StreamBurst int
+	// Ready, if set, is asked for each stream that passed Authenticate and the rate limit
+	// (so a peer retrying in a tight loop is rate limited, not answered each time): while it
+	// says not ok, streams are refused with Unavailable, a message saying why and to retry
+	// in wait, and a google.rpc.RetryInfo detail of wait, counted as warming_up. For a
+	// server that has nothing whole to serve yet (a hub warming up).
+	Ready func() (wait time.Duration, why string, ok bool)
+	// MaxStreamsPerPeer caps the streams one peer (identity, else IP address) keeps open at
+	// once on this service; one more is refused with ResourceExhausted. Default
+	// DefaultMaxStreamsPerPeer; negative: no cap.
+	MaxStreamsPerPeer int
+	// IdleTimeout is how long a new stream's peer has to send its first message before the
+	// stream is closed (DeadlineExceeded, counted as idle). Every meshfed and Istio peer
+	// speaks at once (a sink subscribes, a source sends a trigger or its first push), and a
+	// subscribed sink may then be quiet for as long as nothing changes: so only the first
+	// message is awaited. Default DefaultIdleTimeout; negative: none.
+	IdleTimeout time.Duration
 	// Unauthenticated marks every stream this server admits as unauthenticated
 	// (StreamInfo.Unauthenticated), for a listener that asks peers for no credentials;
 	// Authenticate still runs (it may refuse) and its identity is ignored.
@@ -52,11 +79,38 @@ type ServerConfig struct {
 	Metrics *Metrics
 }
 
-// admission authenticates and rate-limits new streams.
+const (
+	// DefaultMaxStreamsPerPeer is ServerConfig.MaxStreamsPerPeer's default. It is sized for
+	// the most a legitimate peer opens on one identity: a hub replica follows every cluster
+	// a peer holds, one stream each. A server whose peers need fewer (a hub's sinks) sets
+	// its own.
+	DefaultMaxStreamsPerPeer = 1024
+	// DefaultIdleTimeout is ServerConfig.IdleTimeout's default: a peer that has not spoken
+	// within it is not going to.
+	DefaultIdleTimeout = 30 * time.Second
+)
+
+// Reasons a stream is refused or closed by admission (meshfed_mcp_streams_rejected_total).
+const (
+	rejectUnauthenticated  = "unauthenticated"
+	rejectPermissionDenied = "permission_denied"
+	rejectUnavailable      = "unavailable" // Authenticate said Unavailable
+	rejectRateLimited      = "rate_limited"
+	rejectWarmingUp        = "warming_up"
+	rejectTooManyStreams   = "too_many_streams"
+	rejectIdle             = "idle"
+	rejectRefused          = "refused" // SinkServer's newSink refused the stream
+)
+
+// admission authenticates, rate-limits, caps and times out new streams.
 type admission struct {
 	cfg      ServerConfig
+	now      func() time.Time
+	logs     *lograte.Limiter // one refusal line per peer and reason per interval
 	limiters *lru.Cache[string, *rate.Limiter]
-	mu       sync.Mutex // serializes limiter creation
+
+	mu   sync.Mutex     // guards open and serializes limiter creation
+	open map[string]int // open streams per peer key; a key is removed at 0
 }
 
 func newAdmission(cfg ServerConfig) *admission {
@@ -66,43 +120,82 @@ func newAdmission(cfg ServerConfig) *admission {
 	if cfg.StreamBurst <= 0 {
 		cfg.StreamBurst = 20
 	}
+	if cfg.MaxStreamsPerPeer == 0 {
+		cfg.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	limiters, _ := lru.New[string, *rate.Limiter](65536) // only fails for a size <= 0
-	return &admission{cfg: cfg, limiters: limiters}
+	a := &admission{cfg: cfg, now: time.Now, limiters: limiters, open: map[string]int{}}
+	a.logs = lograte.New(lograte.DefaultInterval, func() time.Time { return a.now() })
+	return a
 }
 
-func (a *admission) admit(ctx context.Context, role string) (*StreamInfo, error) {
+// admit decides on a new stream in the given role. An admitted stream must be ended with
+// its end method when its handler returns.
+func (a *admission) admit(st grpc.ServerStream, role string) (*admittedStream, error) {
+	ctx := st.Context()
 	addr := ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
+	}
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
 	}
 	identity := ""
 	if a.cfg.Authenticate != nil {
 		id, err := a.cfg.Authenticate(ctx)
 		if err != nil {
-			a.cfg.Metrics.streamRejected("unauthenticated")
-			a.cfg.Logger.Warn("refusing stream: authentication failed", logPeer, addr, logRole, role, logError, err)
-			if _, ok := status.FromError(err); ok {
-				return nil, err
+			s, ok := status.FromError(err)
+			if !ok {
+				s = status.New(codes.Unauthenticated, err.Error())
 			}
-			return nil, status.Error(codes.Unauthenticated, err.Error())
+			reason, level := rejectUnauthenticated, slog.LevelWarn
+			switch s.Code() {
+			case codes.PermissionDenied:
+				reason = rejectPermissionDenied
+			case codes.Unavailable:
+				reason, level = rejectUnavailable, slog.LevelInfo
+			}
+			a.refused(level, reason, host, "refusing stream: authentication failed", logPeer, addr, logRole, role, logError, err)
+			return nil, s.Err()
 		}
 		identity = id
 	}
 	key := identity
 	if key == "" {
-		key = addr
-		if host, _, err := net.SplitHostPort(addr); err == nil {
-			key = host
+		key = host
+	}
+	if !a.limiter(key).AllowN(a.now(), 1) {
+		a.refused(slog.LevelWarn, rejectRateLimited, key, "refusing stream: peer opens streams too fast",
+			logPeer, addr, logIdentity, identity, logRole, role, "limit_per_s", a.cfg.StreamRate, "burst", a.cfg.StreamBurst)
+		return nil, withRetry(status.Newf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
+			ErrRateLimited, key, a.cfg.StreamRate, a.cfg.StreamBurst), time.Duration(float64(time.Second)/a.cfg.StreamRate))
+	}
+	if a.cfg.Ready != nil {
+		if wait, why, ok := a.cfg.Ready(); !ok {
+			if why == "" {
+				why = ErrNotReady.Error()
+			}
+			a.refused(slog.LevelInfo, rejectWarmingUp, key, "refusing stream: not ready to serve",
+				logPeer, addr, logIdentity, identity, logRole, role, "why", why, "retry_in", wait)
+			msg := why
+			if wait > 0 {
+				msg = fmt.Sprintf("%s; retry in %v", why, wait)
+			}
+			return nil, withRetry(status.New(codes.Unavailable, msg), wait)
 		}
 	}
-	if !a.limiter(key).Allow() {
-		a.cfg.Metrics.streamRejected("rate_limited")
-		a.cfg.Logger.Warn("refusing stream: peer opens streams too fast", logPeer, addr, logIdentity, identity, "limit_per_s", a.cfg.StreamRate)
-		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
-			ErrRateLimited, key, a.cfg.StreamRate, a.cfg.StreamBurst)
+	if n, ok := a.acquire(key); !ok {
+		a.refused(slog.LevelWarn, rejectTooManyStreams, key, "refusing stream: peer has too many streams open",
+			logPeer, addr, logIdentity, identity, logRole, role, "open", n, "max_per_peer", a.cfg.MaxStreamsPerPeer)
+		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): %d open, at most %d per peer",
+			ErrTooManyStreams, key, n, a.cfg.MaxStreamsPerPeer)
 	}
 	if a.cfg.Unauthenticated {
 		identity = ""
@@ -113,7 +206,36 @@ func (a *admission) admit(ctx context.Context, role string) (*StreamInfo, error)
 	if md, ok := metadata.FromIncomingContext(ctx); ok && mdResumes(md) {
 		info.setResumes()
 	}
-	return info, nil
+	s := &admittedStream{ServerStream: st, info: info, a: a, key: key}
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	if a.cfg.IdleTimeout > 0 {
+		s.timer = time.AfterFunc(a.cfg.IdleTimeout, s.idle)
+	} else {
+		s.state.Store(streamSpoke)
+	}
+	return s, nil
+}
+
+// refused counts a refusal under reason and logs it unless a line for the same peer key
+// and reason went out less than an interval ago.
+func (a *admission) refused(level slog.Level, reason, key, msg string, attrs ...any) {
+	a.cfg.Metrics.streamRejected(reason)
+	ok, suppressed := a.logs.Allow(reason + "\x00" + key)
+	if !ok {
+		return
+	}
+	a.cfg.Logger.Log(context.Background(), level, msg, append(attrs, "reason", reason, "suppressed", suppressed)...)
+}
+
+// withRetry adds a google.rpc.RetryInfo of wait to s, if wait is positive.
+func withRetry(s *status.Status, wait time.Duration) error {
+	if wait <= 0 {
+		return s.Err()
+	}
+	if d, err := s.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
+		return d.Err()
+	}
+	return s.Err()
 }
 
 func (a *admission) limiter(key string) *rate.Limiter {
@@ -128,6 +250,94 @@ func (a *admission) limiter(key string) *rate.Limiter {
 	l := rate.NewLimiter(rate.Limit(a.cfg.StreamRate), a.cfg.StreamBurst)
 	a.limiters.Add(key, l)
 	return l
+}
+
+// acquire takes a place for one more stream of key under the cap; when there is none it
+// returns false and how many key has open.
+func (a *admission) acquire(key string) (open int, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.open[key]
+	if a.cfg.MaxStreamsPerPeer > 0 && n >= a.cfg.MaxStreamsPerPeer {
+		return n, false
+	}
+	a.open[key] = n + 1
+	return n + 1, true
+}
+
+func (a *admission) release(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.open[key]--; a.open[key] <= 0 {
+		delete(a.open, key)
+	}
+}
+
+// States of an admitted stream as to its idle timeout.
+const (
+	streamWaiting int32 = iota // no message yet
+	streamSpoke                // its peer sent a message (or there is no timeout)
+	streamIdled                // the timeout passed first: the stream is being closed
+)
+
+// admittedStream is a stream admission let through: its context is cancelled if the peer
+// sends nothing within the idle timeout, and it holds one of its peer's places under the
+// cap until end.
+type admittedStream struct {
+	grpc.ServerStream
+	info   *StreamInfo
+	ctx    context.Context
+	cancel context.CancelFunc
+	a      *admission
+	key    string
+	timer  *time.Timer  // nil without an idle timeout
+	state  atomic.Int32 // streamWaiting, streamSpoke or streamIdled
+}
+
+// Context is the stream's context, ended early if the stream idles.
+func (s *admittedStream) Context() context.Context { return s.ctx }
+
+// RecvMsg receives as the gRPC stream does; the first message stops the idle timeout,
+// unless the timeout passed first: then the message is dropped, as the stream is closing.
+func (s *admittedStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err != nil || s.state.Load() == streamSpoke {
+		return err
+	}
+	if !s.state.CompareAndSwap(streamWaiting, streamSpoke) {
+		return s.idleError()
+	}
+	s.timer.Stop()
+	return nil
+}
+
+func (s *admittedStream) idleError() error {
+	return status.Errorf(codes.DeadlineExceeded, "%v: the peer sent no message within %v of opening the stream",
+		ErrIdle, s.a.cfg.IdleTimeout)
+}
+
+// idle runs when the idle timeout passes: unless a message came first, the stream ends.
+func (s *admittedStream) idle() {
+	if !s.state.CompareAndSwap(streamWaiting, streamIdled) {
+		return
+	}
+	s.a.refused(slog.LevelWarn, rejectIdle, s.key, "closing stream: peer sent nothing within the idle timeout",
+		logStream, s.info.ID, logPeer, s.info.Peer, logIdentity, s.info.Identity, logRole, s.info.Role, "idle_timeout", s.a.cfg.IdleTimeout)
+	s.cancel()
+}
+
+// end releases the stream's place and returns what its handler returns: err, or, if the
+// idle timeout ended the stream, a status saying so.
+func (s *admittedStream) end(err error) error {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.cancel()
+	s.a.release(s.key)
+	if s.state.Load() == streamIdled {
+		return s.idleError()
+	}
+	return err
 }
 
 // serverError turns the end of a served stream into what the gRPC handler returns.
@@ -162,15 +372,14 @@ func (s *SourceServer) Register(r grpc.ServiceRegistrar) { mcppb.RegisterResourc
 
 // EstablishResourceStream implements mcppb.ResourceSourceServer.
 func (s *SourceServer) EstablishResourceStream(stream grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
-	ctx := stream.Context()
-	info, err := s.adm.admit(ctx, "source")
+	st, err := s.adm.admit(stream, "source")
 	if err != nil {
 		return err
 	}
 	if err := stream.SendHeader(resumesMD); err != nil {
-		return err
+		return st.end(err)
 	}
-	return serverError(ctx, s.src.Serve(ctx, stream, info))
+	return st.end(serverError(st.ctx, s.src.Serve(st.ctx, st, st.info)))
 }
 
 // SinkServer serves the ResourceSink service: sources dial in and push to a Sink.
@@ -192,21 +401,20 @@ func (s *SinkServer) Register(r grpc.ServiceRegistrar) { mcppb.RegisterResourceS
 
 // EstablishResourceStream implements mcppb.ResourceSinkServer.
 func (s *SinkServer) EstablishResourceStream(stream grpc.BidiStreamingServer[mcppb.Resources, mcppb.RequestResources]) error {
-	ctx := stream.Context()
-	info, err := s.adm.admit(ctx, "sink")
+	st, err := s.adm.admit(stream, "sink")
 	if err != nil {
 		return err
 	}
-	sink, err := s.newSink(ctx, info)
+	info := st.info
+	sink, err := s.newSink(st.ctx, info)
 	if err != nil {
-		s.adm.cfg.Metrics.streamRejected("refused")
-		s.adm.cfg.Logger.Warn("refusing stream", logPeer, info.Peer, logIdentity, info.Identity, logError, err)
-		if _, ok := status.FromError(err); ok {
-			return err
+		s.adm.refused(slog.LevelWarn, rejectRefused, st.key, "refusing stream", logPeer, info.Peer, logIdentity, info.Identity, logError, err)
+		if _, ok := status.FromError(err); !ok {
+			err = status.Error(codes.PermissionDenied, err.Error())
 		}
-		return status.Error(codes.PermissionDenied, err.Error())
+		return st.end(err)
 	}
-	return serverError(ctx, sink.Serve(ctx, stream, info))
+	return st.end(serverError(st.ctx, sink.Serve(st.ctx, st, info)))
 }
 
 func target(conn grpc.ClientConnInterface) string {

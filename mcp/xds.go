@@ -59,7 +59,8 @@ type XDSOptions struct {
 	// MaxMessageSize is the largest response sent; a larger full state is not sent (logged,
 	// counted) until it changes. Default DefaultMaxMessageSize.
 	MaxMessageSize int
-	// Server admits streams (authentication, rate limit), logs and counts (Server.Metrics).
+	// Server admits streams (authentication, rate limit, readiness, the per-peer cap, the
+	// idle timeout), logs and counts (Server.Metrics).
 	Server ServerConfig
 	// Hooks observe stream events as they do for the MCP services. Optional.
 	Hooks Hooks
@@ -113,13 +114,31 @@ func (t *xdsType) version() uint64 {
 }
 
 // StreamAggregatedResources implements the ADS state-of-the-world stream.
-func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) (err error) {
-	ctx, cancel := context.WithCancel(stream.Context())
-	defer cancel()
-	info, err := s.adm.admit(ctx, "source")
+func (s *XDSServer) StreamAggregatedResources(stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	st, err := s.adm.admit(stream, "source")
 	if err != nil {
 		return err
 	}
+	return st.end(s.serve(st.ctx, adsStream{st}, st.info))
+}
+
+// adsStream is an admitted stream as the ADS service's typed stream.
+type adsStream struct{ grpc.ServerStream }
+
+func (s adsStream) Send(m *discoverypb.DiscoveryResponse) error { return s.SendMsg(m) }
+
+func (s adsStream) Recv() (*discoverypb.DiscoveryRequest, error) {
+	m := new(discoverypb.DiscoveryRequest)
+	if err := s.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// serve runs one admitted ADS stream until it ends.
+func (s *XDSServer) serve(parent context.Context, stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer, info *StreamInfo) (err error) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
 	info.Protocol = "xds"
 	info.setCancel(cancel)
 	log := s.adm.cfg.Logger.With(logStream, info.ID, logPeer, info.Peer, logIdentity, info.Identity, logRole, "source", logTransport, info.Transport, "protocol", "xds")

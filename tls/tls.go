@@ -6,9 +6,12 @@
 //
 // Servers verify client certificates themselves, against the bundle of each handshake, so
 // every refusal is classified (ServerConfigWith); ServerOnlyConfig serves the certificate
-// and asks for none (for istiod, which presents none). ID and ParseID name the mesh's SPIFFE
-// identities (spiffe://<trust-domain>/<kind>/<name>). DevCA is a development certificate
-// authority kept in a state directory, used only when a configuration asks for it.
+// and asks for none (for istiod, which presents none); ServerCredentials makes either gRPC
+// credentials that also report a peer speaking plaintext to a TLS listener. PeerIdentity is
+// the one rule naming a peer by its certificate (a certificate with two URI SANs names no
+// one, and its handshake is refused). ID and ParseID name the mesh's SPIFFE identities
+// (spiffe://<trust-domain>/<kind>/<name>). DevCA is a development certificate authority
+// kept in a state directory, used only when a configuration asks for it.
 //
 // Import it as meshtls; it wraps crypto/tls. It does not decide who may do what: that is
 // built on the verified identity by its callers (the hub's ownership and routing).
@@ -166,14 +169,31 @@ func (s *Source) ServerOnlyConfig() *tls.Config {
 	}
 }
 
-// Rejection reasons a server reports for client certificates it refuses.
+// Rejection reasons a server reports for handshakes it refuses: client certificates, and
+// (ServerCredentials) peers that do not speak TLS.
 const (
 	RejectNoCertificate    = "no_certificate"
 	RejectUnknownAuthority = "unknown_authority"
 	RejectExpired          = "expired"
 	RejectNotYetValid      = "not_yet_valid"
 	RejectInvalid          = "invalid"
+	// RejectMultipleIdentities: the certificate has more than one URI SAN, so no one
+	// identity (see PeerIdentity).
+	RejectMultipleIdentities = "multiple_identities"
+	// RejectPlaintext: the peer sent something that is not TLS, e.g. a plaintext gRPC
+	// client's HTTP/2 preface.
+	RejectPlaintext = "plaintext"
 )
+
+// rejection is the error a refused client certificate fails the handshake with, so that
+// ServerCredentials, which sees only the handshake's error, reads its reason.
+type rejection struct {
+	reason string
+	err    error
+}
+
+func (r *rejection) Error() string { return r.err.Error() }
+func (r *rejection) Unwrap() error { return r.err }
 
 // ServerConfigWith is ServerConfig that tells onReject (if not nil) why each refused client
 // certificate was refused (one of the Reject* reasons) and the error the handshake fails
@@ -183,7 +203,7 @@ func (s *Source) ServerConfigWith(onReject func(reason string, err error)) *tls.
 		if onReject != nil {
 			onReject(reason, err)
 		}
-		return err
+		return &rejection{reason: reason, err: err}
 	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -201,6 +221,9 @@ func (s *Source) ServerConfigWith(onReject func(reason string, err error)) *tls.
 					}
 					if err := verify(cs.PeerCertificates, pool, "", x509.ExtKeyUsageClientAuth); err != nil {
 						return reject(classify(cs.PeerCertificates[0], s.now(), err), err)
+					}
+					if err := oneURI(cs.PeerCertificates[0]); err != nil {
+						return reject(RejectMultipleIdentities, err)
 					}
 					return nil
 				},
