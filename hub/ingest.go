@@ -184,7 +184,14 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	}
 	for i, e := range c.Entries {
 		r := c.Resources[i]
-		hosts, err := acl.Hosts(c.Collection, r.GetBody().GetValue())
+		var err error
+		if s.own { // copies were checked where they were written
+			err = cur.comp.kindTable.Check(c.Collection, r)
+		}
+		var hosts []string
+		if err == nil {
+			hosts, err = acl.Hosts(c.Collection, r.GetBody().GetValue())
+		}
 		if err == nil {
 			err = cur.comp.policy.Check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
 		}

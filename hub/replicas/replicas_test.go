@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/replicas/membership"
@@ -386,7 +386,7 @@ func without(list []string, x string) []string {
 // The feed of a cluster is its resources as received, in the store's order.
 func TestFeedFollowsTheStore(t *testing.T) {
 	tl := newTestLayer(t)
-	body, _ := anypb.New(wrapperspb.String("x"))
+	body, _ := anypb.New(&networking.VirtualService{Hosts: []string{"x"}})
 	r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: "shop/a", Version: "7"}, Body: body}
 	e, err := mcp.NewEntry(r)
 	if err != nil {
