@@ -54,6 +54,13 @@ type Config struct {
 	ServeUnauthenticated string `json:"serveUnauthenticated,omitempty"`
 	// HTTP is the admin API, /metrics, /healthz, /readyz and pprof. Empty disables it.
 	HTTP string `json:"http,omitempty"`
+	// AdminTLS, if set, serves the same endpoints over mutual TLS, and is where the admin
+	// API's actions (which change the hub) are accepted: from a verified client certificate
+	// whose identity is spiffe://<trustDomain>/operator/<name>. Plain http stays for
+	// Prometheus and probes, which present no certificate; without adminTLS the hub accepts
+	// no actions, except in development mode (insecure) from a loopback peer on http. Off
+	// by default (DefaultConfig: 127.0.0.1:9991); needs tls or devCA, and a trust domain.
+	AdminTLS string `json:"adminTLS,omitempty"`
 
 	// TLS makes both gRPC listeners require mutual TLS; a peer's identity is its
 	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Its serverName
@@ -172,12 +179,14 @@ func Defaults() *Config {
 }
 
 // DefaultConfig is what runs with no file: development mode on one machine (its own CA in
-// StateDir, the admin API on 127.0.0.1:9990), one cluster "dev" (what a minion with its
+// StateDir, the admin API on 127.0.0.1:9990, and over mutual TLS, for operators' actions, on
+// 127.0.0.1:9991), one cluster "dev" (what a minion with its
 // default configuration calls itself) owning everything, every sink receiving everything.
 func DefaultConfig() *Config {
 	c := Defaults()
 	c.DevCA = true
 	c.HTTP = "127.0.0.1:9990"
+	c.AdminTLS = "127.0.0.1:9991" // so that an operator's certificate has somewhere to act
 	c.Clusters = []ClusterConfig{{Name: "dev", Namespaces: []string{"*"}, Hosts: []string{"*"}}}
 	c.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}
 	c.WarmUp = ops.D(5 * time.Second) // one local minion: no need to wait long
@@ -462,7 +471,7 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%s: required", field)
 		}
 	}
-	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve, "http": c.HTTP, "serveUnauthenticated": c.ServeUnauthenticated} {
+	for field, addr := range map[string]string{"ingest": c.Ingest, "serve": c.Serve, "http": c.HTTP, "serveUnauthenticated": c.ServeUnauthenticated, "adminTLS": c.AdminTLS} {
 		if addr == "" {
 			continue
 		}
@@ -481,6 +490,12 @@ func (c *Config) compile() (*compiled, error) {
 		return nil, errors.New("insecure: cannot be combined with tls")
 	case c.ServeUnauthenticated != "" && c.Insecure:
 		return nil, errors.New("serveUnauthenticated: needs tls or devCA (it is a TLS listener that authenticates the hub only)")
+	case c.AdminTLS != "" && c.Insecure:
+		return nil, errors.New("adminTLS: needs tls or devCA (it is a mutual TLS listener: operators are known by their certificates; in development mode, actions are taken from loopback on http)")
+	case c.AdminTLS != "" && c.SPIFFETrustDomain() == "":
+		// An operator is a kind of identity in a trust domain; without one, a cluster's or a
+		// sink's certificate could not be told from an operator's.
+		return nil, errors.New("adminTLS: needs trustDomain (an operator is spiffe://<trustDomain>/operator/NAME)")
 	case c.TLS != nil:
 		if err := c.TLS.Files.Validate(); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)

@@ -147,6 +147,7 @@ func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, can
 }
 
 // httpHandler is the admin API, /metrics, the probes and pprof; a layer may add routes.
+// The http and adminTLS listeners serve it alike; only its actions ask who is calling.
 func (h *Hub) httpHandler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -217,6 +218,9 @@ func (h *Hub) httpHandler() *http.ServeMux {
 		}
 		WriteJSON(w, d)
 	})
+	// Actions, the only requests that change the hub: each through h.action, which decides
+	// who the operator is (operator.go).
+	h.action(mux, "POST /api/clusters/{name}/breaker/release", h.releaseBreaker)
 	mux.Handle("/metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}))
 	ops.AddPprof(mux)
 	return mux

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +47,10 @@ type Hub struct {
 	health   *health.Server
 	// serverOnlyCreds authenticate the hub only (serveUnauthenticated).
 	serverOnlyCreds credentials.TransportCredentials
+	// adminTLS is the adminTLS listener's configuration (nil when it is off): mutual TLS,
+	// verified as the gRPC listeners verify, so that its requests carry a verified
+	// certificate for operator to read the identity from.
+	adminTLS *tls.Config
 
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
@@ -59,6 +64,7 @@ type Hub struct {
 	serveAddr  string
 	unauthAddr string
 	httpAddr   string
+	adminAddr  string // adminTLS's bound address
 }
 
 // Options plug optional parts into a Hub. The zero value is a single hub with a registry
@@ -154,6 +160,14 @@ func (h *Hub) setupTLS() error {
 	}
 	h.serverOnlyCreds = meshtls.ServerCredentials(ts.ServerOnlyConfig(), onReject)
 	h.creds = meshtls.ServerCredentials(ts.ServerConfig(), onReject)
+	if h.cfg.AdminTLS != "" {
+		// Verified as the gRPC listeners verify, and, as ServerCredentials does for them,
+		// each refused handshake is reported with the peer's address (counted, logged).
+		h.adminTLS = &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			peer := hello.Conn.RemoteAddr()
+			return ts.ServerConfigWith(func(reason string, err error) { onReject(peer, reason, err) }).GetConfigForClient(hello)
+		}}
+	}
 	h.dialCred = credentials.NewTLS(ts.ClientConfig(tc.ServerName))
 	return nil
 }
@@ -282,6 +296,18 @@ func (h *Hub) Run(ctx context.Context) error {
 		h.httpAddr = addr
 		h.mu.Unlock()
 		h.log.Info("listening", "listener", "http", "addr", addr)
+	}
+	if h.adminTLS != nil {
+		// The same endpoints as http, marked as having come through this listener: only
+		// its requests carry a certificate the handshake verified (see operator).
+		addr, err := ops.ServeHTTPS(ctx, g, h.cfg.AdminTLS, viaAdminTLS(admin), h.adminTLS, h.log.With("listener", "adminTLS"))
+		if err != nil {
+			return errors.Join(fmt.Errorf("adminTLS: %w", err), h.stop(g))
+		}
+		h.mu.Lock()
+		h.adminAddr = addr
+		h.mu.Unlock()
+		h.log.Info("listening", "listener", "adminTLS", "addr", addr)
 	}
 	g.Go(func() error { h.housekeeping(ctx); return nil })
 	h.runDialers(ctx, g)

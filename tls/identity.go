@@ -7,6 +7,9 @@ const (
 	KindCluster = "cluster" // a minion publishing a cluster's configuration
 	KindSink    = "sink"    // a consumer of the federated configuration
 	KindHub     = "hub"     // a hub replica
+	// KindOperator is a person or tool that changes a running hub through its admin API
+	// (an action, such as releasing a cluster's breaker); reading the API needs none.
+	KindOperator = "operator"
 )
 
 // ID returns the SPIFFE ID spiffe://<trustDomain>/<kind>/<name>.

@@ -24,3 +24,11 @@ func TestIDs(t *testing.T) {
 		}
 	}
 }
+
+// An operator is an identity kind like the others.
+func TestOperatorIdentity(t *testing.T) {
+	id := ID("mesh.test", KindOperator, "alice")
+	if kind, name, ok := ParseID("mesh.test", id); id != "spiffe://mesh.test/operator/alice" || kind != KindOperator || name != "alice" || !ok {
+		t.Errorf("ID = %s, ParseID = %q %q %v", id, kind, name, ok)
+	}
+}

@@ -14,10 +14,22 @@
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
 //
-// Actions, which change the hub, are POST and need an authenticated operator (see the
-// README's "Operators"):
+// Who may read them: anyone who reaches the hub's http listener, which carries no identity
+// (it serves Prometheus and the probes too; keep it on loopback or a network only they and
+// operators reach), and, on the adminTLS listener (the same endpoints over mutual TLS), any
+// client certificate the hub's bundle verifies. Reading changes nothing.
 //
-//	/api/clusters/{name}/breaker/release   BreakerRelease: apply a cluster's held deletions
+// Actions, which change the hub, are POST (other methods: 405) and need an authenticated
+// operator: on adminTLS, a client certificate whose identity is
+// spiffe://<trustDomain>/operator/<name> (the name is recorded); in development mode
+// (insecure) only, a request on http from a loopback peer addressed to loopback, recorded
+// as "loopback (development mode)". A request that carries no identity (plain http) is
+// refused with 401, one whose identity or origin may not act (another kind or trust
+// domain, a browser's cross-origin request, a peer off loopback in development mode) with
+// 403; the message says what is needed, and the hub logs every accepted or refused action
+// with who asked and from where (see the README's "Operators"):
+//
+//	/api/clusters/{name}/breaker/release   BreakerRelease: apply a cluster's held deletions (404: no such cluster; 409: it holds none)
 package api
 
 import "time"

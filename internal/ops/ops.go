@@ -1,6 +1,7 @@
 // Package ops holds what the hub and the minion share as programs, not as protocol: the
 // duration and backoff types of their YAML files and strict YAML decoding, the HTTP server of their
-// operational endpoints (with pprof), and the watch of their configuration file.
+// operational endpoints (with pprof; over TLS too, for the hub's admin listener), and the
+// watch of their configuration file.
 //
 // It knows nothing of MCP, clusters or sinks.
 package ops
@@ -8,10 +9,12 @@ package ops
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -154,7 +157,40 @@ func ServeHTTP(ctx context.Context, g *errgroup.Group, addr string, h http.Handl
 	if err != nil {
 		return "", err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	return serveHTTP(ctx, g, lis, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}), nil
+}
+
+// ServeHTTPS is ServeHTTP over TLS with config (which must give the server's certificate,
+// e.g. by GetConfigForClient, and decides which client certificates it takes). A request's
+// r.TLS is the connection's state. The server's own errors go to log (net/http would
+// write them to the standard logger, outside the program's structured log): a failed
+// handshake at debug, with the peer's address, as the configuration's verification reports
+// the refusals it makes (meshtls.ServerConfigWith) and the other failures are peers going
+// away mid-handshake (TCP probes); anything else at warn.
+func ServeHTTPS(ctx context.Context, g *errgroup.Group, addr string, h http.Handler, config *tls.Config, log *slog.Logger) (string, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: stdlog.New(httpErrorLog{log}, "", 0)}
+	return serveHTTP(ctx, g, tls.NewListener(lis, config), srv), nil
+}
+
+// httpErrorLog writes an http.Server's error lines to a structured log (see ServeHTTPS).
+type httpErrorLog struct{ log *slog.Logger }
+
+func (w httpErrorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSuffix(string(p), "\n")
+	level := slog.LevelWarn
+	if strings.HasPrefix(msg, "http: TLS handshake error") {
+		level = slog.LevelDebug
+	}
+	w.log.Log(context.Background(), level, msg)
+	return len(p), nil
+}
+
+// serveHTTP serves srv on lis in g until ctx ends, and returns the bound address.
+func serveHTTP(ctx context.Context, g *errgroup.Group, lis net.Listener, srv *http.Server) string {
 	g.Go(func() error {
 		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -167,7 +203,7 @@ func ServeHTTP(ctx context.Context, g *errgroup.Group, addr string, h http.Handl
 		defer cancel()
 		return srv.Shutdown(sctx)
 	})
-	return lis.Addr().String(), nil
+	return lis.Addr().String()
 }
 
 // WatchFile follows the file at path until ctx ends. It calls changed with the file's

@@ -19,6 +19,8 @@ import (
 
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
+	meshtls "github.com/meshfed/meshfed/tls"
+	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
 func TestDurationAndDecodeStrict(t *testing.T) {
@@ -66,6 +68,82 @@ func TestServeHTTP(t *testing.T) {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ServeHTTPS serves over TLS with the configuration given: a handler sees the client's
+// certificate, and a refused handshake is in the structured log (at debug) with the peer's
+// address.
+func TestServeHTTPS(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t, "ca")
+	bundle := filepath.Join(dir, "ca.crt")
+	tlstest.WriteBundle(t, bundle, ca)
+	cert, key, _ := ca.Issue(t, dir, "server", "127.0.0.1")
+	ccert, ckey, _ := ca.Issue(t, dir, "client", "spiffe://mesh.test/operator/alice")
+	server, err := meshtls.NewSource(meshtls.Files{Cert: cert, Key: key, CA: bundle}, testlog.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	g, gctx := errgroup.WithContext(ctx)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/who", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, r.TLS.PeerCertificates[0].URIs[0])
+	})
+	addr, err := ServeHTTPS(gctx, g, "127.0.0.1:0", mux, server.ServerConfig(), slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(files meshtls.Files) (string, error) {
+		client, err := meshtls.NewSource(files, testlog.New(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: client.ClientConfig("")}}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get("https://" + addr + "/who")
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return string(b), err
+	}
+	if got, err := get(meshtls.Files{Cert: ccert, Key: ckey, CA: bundle}); err != nil || got != "spiffe://mesh.test/operator/alice" {
+		t.Errorf("with a client certificate: %q, %v", got, err)
+	}
+	// A client whose certificate another CA issued: refused at the handshake.
+	other := tlstest.NewCA(t, "other")
+	ocert, okey, _ := other.Issue(t, dir, "stranger", "spiffe://mesh.test/operator/mallory")
+	if _, err := get(meshtls.Files{Cert: ocert, Key: okey, CA: bundle}); err == nil {
+		t.Error("a certificate of another CA was served")
+	}
+	testwait.For(t, 5*time.Second, "the refused handshake in the log, at debug (the TLS configuration reports refusals)", func() bool {
+		return strings.Contains(logged.String(), `level=DEBUG msg="http: TLS handshake error from 127.0.0.1:`)
+	})
+	cancel()
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger that goroutines write to.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // watched is WatchFile running on a file until the test ends.
