@@ -1,12 +1,15 @@
 // Package admin is the operator's command line for a hub: `hub status`,
 // `hub why COLLECTION NAMESPACE/NAME` and `hub whatif`, which read a running hub's admin
-// API and print human-readable tables (or the API's JSON with -o json), `hub certs issue`,
-// which issues a cluster's or a sink's certificate from the hub's development CA, and `hub
-// subscribe`, an MCP sink that prints what the hub serves it.
+// API and print human-readable tables (or the API's JSON with -o json), `hub breaker
+// release CLUSTER`, which asks it to apply the deletions a cluster's breaker holds, `hub
+// certs issue`, which issues a cluster's, a sink's or an operator's certificate from the
+// hub's development CA, and `hub subscribe`, an MCP sink that prints what the hub serves it.
 //
-// Nothing here changes a running hub. It is not the admin API itself (package hub serves
-// that); it reads the API's documents as package hub/api defines them, and links neither the
-// hub's server nor its replica layer.
+// Only `hub breaker release` changes a running hub, and the hub takes it only from an
+// authenticated operator: with -cert, an operator's certificate, over the hub's adminTLS
+// listener (the hub decides; see package hub/api). This is not the admin API itself
+// (package hub serves that); it reads the API's documents as package hub/api defines them,
+// and links neither the hub's server nor its replica layer.
 package admin
 
 import (
@@ -41,7 +44,7 @@ import (
 )
 
 // Commands lists the subcommands Run knows.
-var Commands = []string{"status", "why", "whatif", "certs", "subscribe"}
+var Commands = []string{"status", "why", "whatif", "breaker", "certs", "subscribe"}
 
 // IsCommand reports whether name is one of Commands.
 func IsCommand(name string) bool {
@@ -71,25 +74,45 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	case "subscribe":
 		return subscribe(ctx, args[1:], out)
 	}
-	fs := flag.NewFlagSet("hub "+args[0], flag.ContinueOnError)
+	name, flags := args[0], args[1:]
+	if name == "breaker" {
+		if len(flags) == 0 || flags[0] != "release" {
+			return errors.New(breakerUsage)
+		}
+		name, flags = "breaker release", flags[1:]
+	}
+	fs := flag.NewFlagSet("hub "+name, flag.ContinueOnError)
 	fs.SetOutput(out)
-	addr := fs.String("admin", "127.0.0.1:9990", "the hub's admin (http) address")
+	addr := fs.String("admin", "", "the hub's admin address: its http listener (default 127.0.0.1:9990), or with -cert its adminTLS listener (default 127.0.0.1:9991)")
+	cert := fs.String("cert", "", "a client certificate: talk to the hub's adminTLS listener (https) with it; actions need an operator's (spiffe://<td>/operator/NAME; hub certs issue -operator NAME)")
+	key := fs.String("key", "", "with -cert: its key")
+	caFile := fs.String("ca", "", "with -cert: the trust bundle the hub's certificate must chain to")
+	serverName := fs.String("server-name", "", "with -cert: the name the hub's certificate must carry, instead of -admin's host")
 	format := fs.String("o", "table", "output: table or json")
 	identity := fs.String("identity", "", "whatif: the sink's authenticated identity")
 	node := fs.String("node", "", "whatif: the sink's SinkNode id")
 	config := fs.String("config", "", "whatif: a candidate configuration file to evaluate instead of the running one")
 	var annotations multi
 	fs.Var(&annotations, "annotation", "whatif: a SinkNode annotation key=value (repeatable)")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(flags); err != nil {
 		return err
 	}
 	if *format != "table" && *format != "json" {
 		return fmt.Errorf("-o: %q: want table or json", *format)
 	}
-	c := &client{base: "http://" + *addr, json: *format == "json", out: out, http: &http.Client{Timeout: 10 * time.Second}}
-	switch args[0] {
+	c, err := newClient(*addr, meshtls.Config{Files: meshtls.Files{Cert: *cert, Key: *key, CA: *caFile}, ServerName: *serverName})
+	if err != nil {
+		return err
+	}
+	c.json, c.out = *format == "json", out
+	switch name {
 	case "status":
 		return c.status(ctx)
+	case "breaker release":
+		if fs.NArg() != 1 {
+			return errors.New(breakerUsage)
+		}
+		return c.releaseBreaker(ctx, fs.Arg(0))
 	case "why":
 		if fs.NArg() != 2 {
 			return errors.New("usage: hub why COLLECTION NAMESPACE/NAME (COLLECTION as you like: vs, VirtualService, networking.istio.io/v1/VirtualService, istio/networking/v1alpha3/virtualservices)")
@@ -112,6 +135,37 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		return c.whatif(ctx, q, body)
 	}
+}
+
+const breakerUsage = "usage: hub breaker release [-admin HOST:PORT -cert FILE -key FILE -ca FILE] CLUSTER (flags before CLUSTER; the hub takes it from an operator's certificate over its adminTLS listener, or in development mode from loopback)"
+
+// newClient is a client of the hub's admin API at addr: over http, or with tc's certificate
+// over https (the adminTLS listener), verifying the hub's certificate against tc's bundle.
+func newClient(addr string, tc meshtls.Config) (*client, error) {
+	if tc.Cert == "" {
+		if tc.Key != "" || tc.CA != "" || tc.ServerName != "" {
+			return nil, errors.New("-key, -ca and -server-name go with -cert (a client certificate, for the hub's adminTLS listener)")
+		}
+		if addr == "" {
+			addr = "127.0.0.1:9990"
+		}
+		return &client{base: "http://" + addr, http: &http.Client{Timeout: 10 * time.Second}}, nil
+	}
+	switch {
+	case tc.Key == "":
+		return nil, errors.New("-key: required with -cert")
+	case tc.CA == "":
+		return nil, errors.New("-ca: required with -cert (the bundle the hub's certificate must chain to)")
+	}
+	if addr == "" {
+		addr = "127.0.0.1:9991"
+	}
+	src, err := meshtls.NewSource(tc.Files, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return nil, fmt.Errorf("-cert/-key/-ca: %w", err)
+	}
+	tr := &http.Transport{TLSClientConfig: src.ClientConfig(tc.ServerName)}
+	return &client{base: "https://" + addr, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}, nil
 }
 
 type multi []string
@@ -178,10 +232,15 @@ func (c *client) status(ctx context.Context) error {
 	}
 	w := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
 	replicated := false // a replica: show which replica holds each cluster
+	holding := false    // a breaker holds deletions: show each cluster's
 	for _, cl := range clusters {
 		replicated = replicated || cl.HeldBy != nil
+		holding = holding || cl.Breaker != nil
 	}
 	head := "CLUSTER\tCONNECTED\tSYNCED\tRESOURCES\tREJECTED\tLOST CONFLICTS\tLAST CONTACT"
+	if holding {
+		head += "\tBREAKER"
+	}
 	if replicated {
 		head += "\tHELD BY"
 	}
@@ -192,6 +251,9 @@ func (c *client) status(ctx context.Context) error {
 			last = time.Since(*cl.LastContact).Round(time.Second).String() + " ago"
 		}
 		fmt.Fprintf(w, "%s\t%v\t%v\t%d\t%d\t%d\t%s", cl.Name, cl.Connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
+		if holding {
+			fmt.Fprintf(w, "\t%s", breaker(cl.Breaker))
+		}
 		if replicated {
 			held := "-"
 			if cl.HeldBy != nil {
@@ -242,6 +304,25 @@ func (c *client) status(ctx context.Context) error {
 		}
 	}
 	return w.Flush()
+}
+
+// releaseBreaker asks the hub to apply the deletions cluster's breaker holds, and prints
+// what it applied. The hub decides who may (its answer says what a refused caller needs).
+func (c *client) releaseBreaker(ctx context.Context, cluster string) error {
+	var rel api.BreakerRelease
+	if printed, err := c.get(ctx, http.MethodPost, "/api/clusters/"+url.PathEscape(cluster)+"/breaker/release", nil, &rel); err != nil || printed {
+		return err
+	}
+	fmt.Fprintf(c.out, "released cluster %s's breaker as %s: %d held deletion(s) applied\n", rel.Cluster, rel.Operator, sum(rel.Deleted))
+	colls := make([]string, 0, len(rel.Deleted))
+	for coll := range rel.Deleted {
+		colls = append(colls, coll)
+	}
+	sort.Strings(colls)
+	for _, coll := range colls {
+		fmt.Fprintf(c.out, "  %s: %d\n", coll, rel.Deleted[coll])
+	}
+	return nil
 }
 
 // why asks the hub about collection/name; the hub resolves the collection as typed, against
@@ -322,6 +403,18 @@ func (c *client) whatif(ctx context.Context, q url.Values, candidate []byte) err
 	return w.Flush()
 }
 
+// breaker is a cluster's breaker for hub status: open (release it with hub breaker
+// release), or deletions waiting to see whether it opens.
+func breaker(b *api.Breaker) string {
+	switch {
+	case b == nil:
+		return "-"
+	case b.Open:
+		return fmt.Sprintf("open, %d held", b.Held)
+	}
+	return fmt.Sprintf("%d settling", b.Held)
+}
+
 func sum(m map[string]int) int {
 	n := 0
 	for _, v := range m {
@@ -363,23 +456,35 @@ func list(s []string) string {
 	return strings.Join(s, ",")
 }
 
-// certs issues a certificate from the development CA: hub certs issue -cluster NAME|-sink NAME -out DIR.
+// certs issues a certificate from the development CA: hub certs issue -cluster NAME|-sink
+// NAME|-operator NAME -out DIR.
 func certs(args []string, out io.Writer) error {
 	if len(args) == 0 || args[0] != "issue" {
-		return errors.New("usage: hub certs issue (-cluster NAME | -sink NAME) -out DIR [-state-dir DIR] [-trust-domain TD]")
+		return errors.New("usage: hub certs issue (-cluster NAME | -sink NAME | -operator NAME) -out DIR [-state-dir DIR] [-trust-domain TD]")
 	}
 	fs := flag.NewFlagSet("hub certs issue", flag.ContinueOnError)
 	fs.SetOutput(out)
 	cluster := fs.String("cluster", "", "issue a minion's certificate for this cluster")
 	sink := fs.String("sink", "", "issue a sink's certificate for this name")
+	operator := fs.String("operator", "", "issue an operator's certificate for this name (for the admin API's actions, over adminTLS)")
 	outDir := fs.String("out", "", "directory to write NAME.crt, NAME.key (0600) and ca.crt into")
 	stateDir := fs.String("state-dir", filepath.Join(".meshfed", "hub"), "the hub's state directory (its development CA is in ca/)")
 	trustDomain := fs.String("trust-domain", meshtls.DevTrustDomain, "the hub's trust domain")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	if (*cluster == "") == (*sink == "") {
-		return errors.New("give exactly one of -cluster and -sink")
+	var kind, name string
+	for _, k := range []struct{ kind, name string }{{meshtls.KindCluster, *cluster}, {meshtls.KindSink, *sink}, {meshtls.KindOperator, *operator}} {
+		if k.name == "" {
+			continue
+		}
+		if kind != "" {
+			return errors.New("give exactly one of -cluster, -sink and -operator")
+		}
+		kind, name = k.kind, k.name
+	}
+	if kind == "" {
+		return errors.New("give exactly one of -cluster, -sink and -operator")
 	}
 	if *outDir == "" {
 		return errors.New("-out: required")
@@ -388,10 +493,7 @@ func certs(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	id, name := meshtls.ID(*trustDomain, meshtls.KindCluster, *cluster), *cluster
-	if *sink != "" {
-		id, name = meshtls.ID(*trustDomain, meshtls.KindSink, *sink), *sink
-	}
+	id := meshtls.ID(*trustDomain, kind, name)
 	files, err := ca.Issue(id, nil, *outDir, name)
 	if err != nil {
 		return err

@@ -1,0 +1,141 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/anypb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+const vsColl = "istio/networking/v1alpha3/virtualservices"
+
+// vsState is a full state of VirtualServices with the given names.
+func vsState(t *testing.T, names ...string) *mcp.Change {
+	t.Helper()
+	body, err := anypb.New(&networking.VirtualService{Hosts: []string{"cart"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &mcp.Change{Collection: vsColl}
+	for _, n := range names {
+		r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: n, Version: "1"}, Body: body}
+		e, err := mcp.NewEntry(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Entries, c.Resources = append(c.Entries, e), append(c.Resources, r)
+	}
+	return c
+}
+
+// hubCmd runs one of the hub's commands and returns what it printed.
+func hubCmd(args ...string) (string, error) {
+	var out bytes.Buffer
+	err := admin.Run(context.Background(), args, &out)
+	return out.String(), err
+}
+
+// The whole path of a release, as an operator takes it: a hub with its development CA and
+// adminTLS; `hub certs issue -operator` from that CA; `hub status` showing the open
+// breaker; `hub breaker release` over https refused with a sink's certificate and over
+// plain http (saying what is needed), and done with the operator's, printing what it
+// applied.
+func TestBreakerReleaseAsAnOperator(t *testing.T) {
+	state, certs := t.TempDir(), t.TempDir()
+	cfg, err := hub.ParseConfig([]byte(`
+devCA: true
+stateDir: ` + state + `
+ingest: 127.0.0.1:0
+serve: 127.0.0.1:0
+http: 127.0.0.1:0
+adminTLS: 127.0.0.1:0
+collections: [vs]
+clusters: [{name: east, namespaces: [shop], hosts: ["*"]}]
+routing: {default: {name: all}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := hub.New(cfg, testlog.New(t), hub.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testrun.Start(t, "hub", h.Run)
+	testwait.For(t, 10*time.Second, "the hub's listeners", func() bool { _, _, a := h.Addrs(); return a != "" && h.AdminTLSAddr() != "" })
+	_, _, httpAddr := h.Addrs()
+	adminTLS := h.AdminTLSAddr()
+
+	for _, who := range []string{"-operator", "-sink"} {
+		out, err := hubCmd("certs", "issue", who, "alice", "-out", filepath.Join(certs, who[1:]), "-state-dir", state)
+		if err != nil || !strings.Contains(out, "issued spiffe://meshfed.local/"+who[1:]+"/alice") {
+			t.Fatalf("certs issue %s: %v\n%s", who, err, out)
+		}
+	}
+	tls := func(kind string) []string {
+		dir := filepath.Join(certs, kind)
+		return []string{"-admin", adminTLS, "-cert", filepath.Join(dir, "alice.crt"), "-key", filepath.Join(dir, "alice.key"), "-ca", filepath.Join(dir, "ca.crt")}
+	}
+
+	var names []string
+	for i := range 12 {
+		names = append(names, fmt.Sprintf("shop/vs-%d", i))
+	}
+	if err := h.Apply("east", vsState(t, names...)); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Apply("east", vsState(t)) // every one deleted: the breaker holds them (the error is the NACK saying so)
+
+	out, err := hubCmd("status", "-admin", httpAddr)
+	if err != nil || !regexp.MustCompile(`CLUSTER .* BREAKER\n(?s:.*)east .* open, 12 held\n`).MatchString(out) {
+		t.Errorf("hub status: %v\n%s", err, out)
+	}
+	// Reading over adminTLS takes any certificate of the bundle.
+	if out, err := hubCmd(append([]string{"status"}, tls("sink")...)...); err != nil || !strings.Contains(out, "open, 12 held") {
+		t.Errorf("hub status over adminTLS with a sink's certificate: %v\n%s", err, out)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a sink's certificate", tls("sink"), `403 Forbidden: identity "spiffe://meshfed.local/sink/alice" is not an operator: actions need a client certificate for spiffe://meshfed.local/operator/NAME`},
+		{"plain http", []string{"-admin", httpAddr}, "401 Unauthorized: actions need an authenticated operator: a client certificate for spiffe://meshfed.local/operator/NAME, over adminTLS (" + adminTLS + ")"},
+		{"a key without a certificate", []string{"-key", "k"}, "-key, -ca and -server-name go with -cert"},
+		{"no cluster", tls("operator"), "usage: hub breaker release"},
+	} {
+		args := append(append([]string{"breaker", "release"}, tc.args...), "east")
+		if tc.name == "no cluster" {
+			args = args[:len(args)-1]
+		}
+		if _, err := hubCmd(args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+
+	out, err = hubCmd(append(append([]string{"breaker", "release"}, tls("operator")...), "east")...)
+	if want := "released cluster east's breaker as spiffe://meshfed.local/operator/alice: 12 held deletion(s) applied\n  " + vsColl + ": 12\n"; err != nil || out != want {
+		t.Errorf("release by the operator: %v\n%s\nwant\n%s", err, out, want)
+	}
+	if _, err := hubCmd(append(append([]string{"breaker", "release"}, tls("operator")...), "east")...); err == nil || !strings.Contains(err.Error(), "409 Conflict") {
+		t.Errorf("a second release: %v, want 409 (nothing held)", err)
+	}
+	if out, err := hubCmd(append(append([]string{"breaker", "release", "-o", "json"}, tls("operator")...), "west")...); err == nil || !strings.Contains(err.Error(), "404 Not Found") {
+		t.Errorf("release of an unknown cluster: %v %s, want 404", err, out)
+	}
+}
