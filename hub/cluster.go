@@ -168,10 +168,14 @@ func (cs *clusterState) hasRejections() bool {
 	return false
 }
 
-// sessionOpened records a session's stream as open. A stream of the cluster's own source
-// takes over from any other: one writer per cluster, the newest (a restarted minion whose
-// old stream is not yet seen dead must not wait for it; two peers with one cluster's
-// certificate alternate, each taking the whole state, and say so in the log).
+// sessionOpened records a session's stream as open. One writer per cluster: a stream of
+// the cluster's own source takes over from any other, the newest winning (a restarted
+// minion whose old stream is not yet seen dead must not wait for it; two peers with one
+// cluster's certificate alternate, each taking the whole state, and say so in the log).
+// A peer that resumes (a minion) takes over here, before its stream declares what the hub
+// holds; one that does not (Istio's source) at its first push, which is its full state
+// (see takeOverLocked): it opens a stream without pushing to probe a collection it may not
+// serve, and that must not end the stream that serves the rest.
 func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 	cs := s.cs
 	if s.own {
@@ -185,15 +189,8 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		return
 	}
 	s.info = info
-	var old *Session
-	if s.own {
-		old, cs.writer = cs.writer, s
-	}
-	if old != nil && old.info != nil {
-		cs.log.Warn("a second stream of the cluster took over: the previous one is closed and its state replaced by the new stream's as a whole (two minions, or one restarted before its old stream was seen dead)",
-			"new_peer", info.Peer, "new_identity", info.Identity, "previous_peer", old.info.Peer)
-		h.metrics.takeover(cs.name)
-		defer old.info.Close()
+	if s.own && info.PeerResumes() {
+		defer h.takeOverLocked(s)()
 	}
 	cs.sessions[s] = true
 	if !s.away {
@@ -229,6 +226,22 @@ func (h *Hub) sessionClosed(s *Session) {
 	if open {
 		h.layer.SessionClosed(s)
 	}
+}
+
+// takeOverLocked makes s the cluster's writer; the caller holds cs.writeMu and cs.mu, and
+// calls what it returns once it has released cs.mu (it closes the previous writer's stream).
+func (h *Hub) takeOverLocked(s *Session) func() {
+	cs := s.cs
+	old := cs.writer
+	cs.writer = s
+	if old == nil || old == s {
+		return func() {}
+	}
+	old.superseded = true
+	cs.log.Warn("a second stream of the cluster took over: the previous one is closed and its state replaced by the new stream's as a whole (two minions, or one restarted before its old stream was seen dead)",
+		"new_peer", s.info.Peer, "new_identity", s.info.Identity, "previous_peer", old.info.Peer)
+	h.metrics.takeover(cs.name)
+	return old.info.Close
 }
 
 // delivered records that a session delivered collection; once it has delivered every

@@ -167,8 +167,13 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		cs.writeMu.Lock()
 		defer cs.writeMu.Unlock()
 		cs.mu.Lock()
-		superseded := cs.writer != s
+		superseded := s.superseded
+		closeOld := func() {}
+		if !superseded && cs.writer != s && s.info != nil {
+			closeOld = h.takeOverLocked(s) // a peer that does not resume, at its first push
+		}
 		cs.mu.Unlock()
+		closeOld()
 		if superseded {
 			return status.Errorf(codes.Aborted, "a newer stream of cluster %q took over; this one writes nothing more", cs.name)
 		}

@@ -94,9 +94,10 @@ type Session struct {
 	sink *mcp.Sink
 
 	// Guarded by cs.mu:
-	info      *mcp.StreamInfo // set while the stream is open
-	delivered map[string]bool // collections delivered (a split push: at its last chunk)
-	complete  bool            // every collection the sink asks for has been delivered
+	info       *mcp.StreamInfo // set while the stream is open
+	superseded bool            // a newer stream of the cluster's source took over: it writes nothing more
+	delivered  map[string]bool // collections delivered (a split push: at its last chunk)
+	complete   bool            // every collection the sink asks for has been delivered
 
 	direct []string // without a stream (Hub.Apply): the collections that make it complete
 }

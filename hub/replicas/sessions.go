@@ -87,12 +87,16 @@ func (l *Layer) SessionClosed(s *hub.Session) {
 	}
 	c := l.clusters[cluster]
 	epoch, open := c.minionOf(s)
-	var other *hub.Session // another synced minion session of the cluster, still open here
+	// Another minion session of the cluster still open here: one that took over this one
+	// (the core closes the older stream), or, synced, a minion that reconnected before its
+	// old stream was noticed dead.
+	var other *hub.Session
+	otherSynced := false
 	if open {
 		delete(c.minion, s)
 		for o, e := range c.minion {
-			if e > 0 {
-				other = o
+			if other == nil || e > 0 {
+				other, otherSynced = o, e > 0
 			}
 		}
 	}
@@ -104,8 +108,15 @@ func (l *Layer) SessionClosed(s *hub.Session) {
 	if m == nil {
 		return
 	}
-	if epoch > 0 {
-		l.release(cluster, epoch, other)
+	switch {
+	case epoch > 0:
+		l.release(cluster, epoch, other, otherSynced)
+	case other == nil && !m.Holds(cluster):
+		// A session that took over ended before it synced: nothing here holds the
+		// cluster, so the peers following it from here (kept for that session) stop.
+		if n := l.peers.closeAll(cluster); n > 0 {
+			l.log.Info("the cluster's minion left before it synced; closed the peers' streams following it", "cluster", cluster, "streams", n)
+		}
 	}
 	m.Poke()
 }
@@ -149,18 +160,18 @@ func (l *Layer) hold(s *hub.Session) bool {
 	return true
 }
 
-// release releases the session of epoch after its stream ended. Another synced minion
-// session of the cluster still open here (a minion that reconnected before its old stream
-// was noticed dead) holds it anew; otherwise the peers following the cluster from here are
-// disconnected: what this replica has of it may change now (staleness, a reload) without
-// being the cluster's.
-func (l *Layer) release(cluster string, epoch uint64, other *hub.Session) {
+// release releases the session of epoch after its stream ended. Another minion session of
+// the cluster still open here holds it anew if it has synced, or will once it has (it is the
+// cluster's minion writing: the peers following from here keep their streams); otherwise
+// the peers following the cluster from here are disconnected: what this replica has of it
+// may change now (staleness, a reload) without being the cluster's.
+func (l *Layer) release(cluster string, epoch uint64, other *hub.Session, otherSynced bool) {
 	m := l.members()
 	m.Release(cluster, epoch)
 	if m.Holds(cluster) {
 		return // a newer session of this replica's holds it
 	}
-	if other != nil && l.hold(other) {
+	if other != nil && (!otherSynced || l.hold(other)) {
 		return
 	}
 	if n := l.peers.closeAll(cluster); n > 0 {

@@ -231,9 +231,9 @@ func publishAs(t *testing.T, addr, identity string, cache *mcp.Cache) (stop func
 }
 
 // Sessions of one cluster on one replica: a second stream of the same minion (a reconnect
-// before the old stream is noticed dead) holds a newer epoch; when it ends while the old
-// one is still open, the replica holds the cluster anew instead of dropping it; when the
-// last one ends, the cluster is released and the peers' streams following it are closed.
+// before the old stream is noticed dead) takes over, closing the old one, and holds a newer
+// epoch (one writer per cluster); when it ends, the cluster is released and the peers'
+// streams following it are closed.
 func TestReplicaSessions(t *testing.T) {
 	a, _ := startReplica(t, replicaConfig("a"))
 	ingest, _, _ := a.Addrs()
@@ -282,13 +282,20 @@ func TestReplicaSessions(t *testing.T) {
 
 	stop2 := publishAs(t, ingest, "east", cache)
 	waitFor(t, 10*time.Second, "the second stream holds east at a newer epoch", func() bool { return authority() == "a@2" })
-	stop2()
-	waitFor(t, 10*time.Second, "the first stream, still open, holds east anew", func() bool { return authority() == "a@3" })
+	waitFor(t, 10*time.Second, "the first stream closed: one writer per cluster", func() bool {
+		for _, c := range a.Clusters() {
+			if c.Name == "east" {
+				return c.Streams == 1
+			}
+		}
+		return false
+	})
 	select {
 	case err := <-ended:
 		t.Fatalf("the follower's stream ended while a still held east: %v", err)
 	case <-time.After(200 * time.Millisecond):
 	}
+	stop2()
 	stop1()
 	waitFor(t, 10*time.Second, "east released", func() bool { return authority() == "none" })
 	select {
