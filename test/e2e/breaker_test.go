@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/hub"
+	admincli "github.com/meshfed/meshfed/hub/admin"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/mcp"
+	"github.com/meshfed/meshfed/routing"
+)
+
+// A minion's directory emptied (a bad rollout of its ConfigMap, a wrong mount): the hub's
+// breaker opens, the sink keeps every object, status shows the pending diff; a release by
+// any identity but an operator's is refused; restoring the files closes the breaker with no
+// deletion ever served. Emptied again, an operator's release applies the deletions.
+// Everything over mutual TLS: a real minion on real files, the hub, a real MCP sink.
+func TestBreakerHoldsAnEmptiedDirectory(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.AdminTLS = "127.0.0.1:0"
+	cfg.Routing = routing.Config{Rules: []routing.Rule{{Name: "sinks", Identities: []string{hub.SinkIdentity(td, "*")}}}}
+	h := runHub(t, cfg)
+	ingest, serve, admin := h.Addrs()
+
+	east, west := t.TempDir(), t.TempDir()
+	files := map[string]string{}
+	for i := range 12 {
+		name := fmt.Sprintf("vs%02d", i)
+		files["shop/"+name+".yaml"] = vsYAML(name, "shop", "", name+".shop.example.com")
+	}
+	restore := func() {
+		for rel, content := range files {
+			writeFile(t, east, rel, content)
+		}
+	}
+	empty := func() {
+		for rel := range files {
+			if err := os.Remove(filepath.Join(east, rel)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	restore()
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "east", east, ingest)
+	tlsMinion(t, p, "west", west, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "sink")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pullOnce(t, serve, p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1")), sink)
+	served := func() int { return strings.Count(sc.view(vs), "@") }
+	waitFor(t, 10*time.Second, "the sink has all 13", func() bool { return served() == 13 })
+
+	breaker := func() *api.Breaker {
+		var cl []api.ClusterStatus
+		getJSON(t, "http://"+admin+"/api/clusters", &cl)
+		for _, c := range cl {
+			if c.Name == "east" {
+				return c.Breaker
+			}
+		}
+		return nil
+	}
+	empty()
+	waitFor(t, 10*time.Second, "east's breaker open with 12 held", func() bool { b := breaker(); return b != nil && b.Open && b.Held == 12 })
+	if b := breaker(); len(b.Pending[vs]) != 12 || !strings.Contains(b.Reason, "12 of the 12") {
+		t.Errorf("pending diff: %+v", b)
+	}
+
+	release := func(certName, identity string) (string, error) {
+		c, k, _ := p.ca.Issue(t, p.dir, certName, identity)
+		var out bytes.Buffer
+		err := admincli.Run(context.Background(), []string{"breaker", "release", "-admin", h.AdminTLSAddr(), "-cert", c, "-key", k, "-ca", p.bundle, "east"}, &out)
+		return out.String(), err
+	}
+	if _, err := release("sink-for-release", hub.SinkIdentity(td, "prod-1")); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("a release with a sink's certificate: %v", err)
+	}
+	if _, err := release("minion-for-release", hub.ClusterIdentity(td, "east")); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("a release with the cluster's own certificate: %v", err)
+	}
+	if b := breaker(); b == nil || !b.Open || served() != 13 {
+		t.Fatalf("after refused releases: breaker %+v, served %d", b, served())
+	}
+
+	restore()
+	waitFor(t, 10*time.Second, "the breaker closed by the restored files", func() bool { return breaker() == nil })
+	if n := served(); n != 13 || len(sc.removals()) != 0 {
+		t.Fatalf("after the restore: %d served, removals %v", n, sc.removals())
+	}
+
+	empty()
+	waitFor(t, 10*time.Second, "the breaker open again", func() bool { b := breaker(); return b != nil && b.Open })
+	out, err := release("operator-ann", "spiffe://"+td+"/operator/ann")
+	if err != nil || !strings.Contains(out, "12 held deletion(s) applied") {
+		t.Fatalf("the operator's release: %v\n%s", err, out)
+	}
+	waitFor(t, 10*time.Second, "the sink has west's object only", func() bool { return sc.view(vs) == "pay/api@west" })
+	if got := len(sc.removals()); got != 12 {
+		t.Errorf("removals at the sink: %d, want the 12 released", got)
+	}
+}
