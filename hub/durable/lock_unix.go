@@ -1,0 +1,33 @@
+//go:build unix
+
+package durable
+
+import (
+	"errors"
+	"os"
+	"syscall"
+	"time"
+)
+
+// lockFile takes the exclusive lock bbolt takes (flock), before bbolt reads the file, so
+// that checkFile reads a file no other hub writes; bbolt then takes the same lock again on
+// the same handle, which holds it already. It returns errLockTimeout after timeout.
+func lockFile(f *os.File, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errLockTimeout
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// preflight: checkFile runs, under the lock.
+const preflight = true
