@@ -114,3 +114,56 @@ func TestBreakerHoldsAnEmptiedDirectory(t *testing.T) {
 		t.Errorf("removals at the sink: %d, want the 12 released", got)
 	}
 }
+
+// A reload with an ownership typo would withdraw every object of a cluster: the breaker
+// opens instead, the sinks keep them, and the corrected configuration closes it.
+func TestBreakerGuardsAReloadTypo(t *testing.T) {
+	east, west := t.TempDir(), t.TempDir()
+	for i := range 12 {
+		name := fmt.Sprintf("vs%02d", i)
+		writeFile(t, east, "shop/"+name+".yaml", vsYAML(name, "shop", "", name+".shop.example.com"))
+	}
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	cfg := twoClusterConfig()
+	h := runHub(t, cfg)
+	ingest, serve, _ := h.Addrs()
+	sink := runSink(t, serve, "", "global-istiod", true)
+	runMinion(t, "east", east, ingest)
+	runMinion(t, "west", west, ingest)
+	served := func() int { return strings.Count(sink.view(vs), "@") }
+	waitFor(t, 20*time.Second, "converged", func() bool { return served() == 13 })
+
+	next := func(mut func(c *hub.Config)) *hub.Config {
+		c := twoClusterConfig()
+		c.Ingest, c.Serve, c.HTTP = cfg.Ingest, cfg.Serve, cfg.HTTP
+		mut(c)
+		return c
+	}
+	reloaded := time.Now()
+	res, err := h.Reload(next(func(c *hub.Config) { c.Clusters[0].Namespaces = []string{"shoop", "shared"} }))
+	if err != nil || res.Held != 12 || res.Refused != 0 || res.ClosedIngest != 1 {
+		t.Fatalf("the typo: %+v, %v", res, err)
+	}
+	waitFor(t, 10*time.Second, "east's minion reconnected (its cluster's entry changed) and resumed", func() bool {
+		for _, c := range h.Clusters() {
+			if c.Name == "east" {
+				return c.Connected && c.LastContact != nil && c.LastContact.After(reloaded) && c.Breaker != nil && c.Breaker.Open
+			}
+		}
+		return false
+	})
+	if n := served(); n != 13 || len(sink.removals()) != 0 {
+		t.Fatalf("after the typo: %d served, removals %v", n, sink.removals())
+	}
+	if _, err := h.Reload(next(func(*hub.Config) {})); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range h.Clusters() {
+		if c.Breaker != nil {
+			t.Errorf("%s's breaker after the fix: %+v", c.Name, c.Breaker)
+		}
+	}
+	if n := served(); n != 13 || len(sink.removals()) != 0 {
+		t.Errorf("after the fix: %d served, removals %v", n, sink.removals())
+	}
+}
