@@ -109,6 +109,7 @@ routing: {default: {name: all}}
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.StateDir = t.TempDir()
 	h, err = New(cfg, log, Options{})
 	if err != nil {
 		t.Fatal(err)

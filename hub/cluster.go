@@ -40,6 +40,7 @@ type clusterState struct {
 	dropped        map[string]bool  // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
 	direct         *Session // Hub.Apply's, which has no stream
+	restored       bool     // what is served of it was read from the state file; its own session has not delivered since
 	pushes         *pushLimiter
 	pushesFor      QuotaConfig // the quotas pushes was made for
 }
@@ -79,6 +80,9 @@ func (h *Hub) removeCluster(name string) int {
 	cs.removed = true // from here on, nothing records metrics of it: forgetting them is final
 	cs.mu.Unlock()
 	h.store.removeCluster(cs.data)
+	if st := h.state.Load(); st != nil {
+		st.DropCluster(name)
+	}
 	closed := cs.closeSessions()
 	h.metrics.forgetCluster(name)
 	h.layer.ClusterRemoved(name)
@@ -199,6 +203,7 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		cs.disconnectedAt = time.Time{}
 		cs.dropped = nil
 		h.metrics.connected(cs.name, true) // under cs.mu: a removal forgets the series after
+		h.saveMetaLocked(cs)
 		cs.log.Info("cluster stream opened", "streams", cs.connected)
 	}
 	cs.mu.Unlock()
@@ -220,6 +225,7 @@ func (h *Hub) sessionClosed(s *Session) {
 			cs.disconnectedAt = cs.lastContact
 		}
 		h.metrics.connected(cs.name, cs.connected > 0)
+		h.saveMetaLocked(cs)
 		cs.log.Info("cluster stream closed", "streams", cs.connected)
 	}
 	cs.mu.Unlock()
@@ -257,6 +263,10 @@ func (h *Hub) delivered(s *Session, collection string) {
 	if newly {
 		cs.synced = true
 	}
+	if complete && !s.away {
+		cs.restored = false // its own state now
+		h.saveMetaLocked(cs)
+	}
 	if complete && s.away && cs.connected == 0 && cs.disconnectedAt.IsZero() {
 		cs.disconnectedAt = h.now() // the cluster is away: its staleness clock runs from this copy
 	}
@@ -275,7 +285,7 @@ func (h *Hub) delivered(s *Session, collection string) {
 func (cs *clusterState) status() api.ClusterStatus {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced}
+	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced, Restored: cs.restored}
 	if r := cs.negotiation.Refused(); len(r) > 0 {
 		st.RefusedCollections = r
 	}

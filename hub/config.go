@@ -72,8 +72,13 @@ type Config struct {
 	// after; `hub certs issue` issues the clusters' and sinks' certificates from it. It is
 	// never used unless set, and cannot be combined with tls.
 	DevCA bool `json:"devCA,omitempty"`
-	// StateDir holds the development CA (relative to the working directory).
+	// StateDir holds the development CA and, with Persist, the clusters' last-known state
+	// (StateFile); relative to the working directory. One hub per directory.
 	StateDir string `json:"stateDir,omitempty"`
+	// Persist keeps each cluster's accepted state in StateDir, so that a restarted hub
+	// serves a cluster whose minion is away its last state (under the staleness policy,
+	// counted from the last contact) instead of nothing once the warm-up ends.
+	Persist bool `json:"persist"`
 	// Insecure serves plaintext and takes a peer's identity from the x-meshfed-dev-identity
 	// header, which anyone can set: for a laptop, never for production. Logged loudly.
 	Insecure bool `json:"insecure,omitempty"`
@@ -148,8 +153,10 @@ func Defaults() *Config {
 		Ingest: "127.0.0.1:9901",
 		Serve:  "127.0.0.1:9900",
 		// No admin listener unless asked for (DefaultConfig asks for one).
-		HTTP:         "",
-		StateDir:     filepath.Join(".meshfed", "hub"),
+		HTTP:     "",
+		StateDir: filepath.Join(".meshfed", "hub"),
+		// A restart must not lose what a cluster whose minion is away last published.
+		Persist:      true,
 		DomainSuffix: acl.DefaultDomainSuffix,
 		Collections:  kinds.Collections(),
 		// A disconnected cluster's resources stay served: withdrawing them is the riskier
@@ -428,7 +435,11 @@ func (c *compiled) quotaFor(cluster string) *quotaGuard {
 	if q.MaxObjectBytes == 0 {
 		q.MaxObjectBytes = maxServedObject(c.maxMessage)
 	}
-	return &quotaGuard{q: q, collectionBudget: int64(c.maxMessage - pushEnvelope)}
+	budget := c.quotas.MaxCollectionBytes // hub-wide
+	if budget == 0 {
+		budget = int64(c.maxMessage - pushEnvelope)
+	}
+	return &quotaGuard{q: q, collectionBudget: budget}
 }
 
 // breakerFor is cluster's breaker: the hub's, with the cluster's overrides.
@@ -484,6 +495,8 @@ func (c *Config) compile() (*compiled, error) {
 		return nil, errors.New("devCA: cannot be combined with tls or insecure")
 	case c.DevCA && c.StateDir == "":
 		return nil, errors.New("stateDir: required with devCA")
+	case c.Persist && c.StateDir == "":
+		return nil, errors.New("stateDir: required with persist (the clusters' last-known state is kept there)")
 	case c.TLS == nil && !c.Insecure && !c.DevCA:
 		return nil, errors.New("tls: required unless devCA or insecure is true")
 	case c.TLS != nil && c.Insecure:
@@ -579,6 +592,9 @@ func (c *Config) compile() (*compiled, error) {
 		}
 		if err := cl.Quotas.check(fmt.Sprintf("%s (%q).quotas", field, cl.Name), c.MaxMessageSize); err != nil {
 			return nil, err
+		}
+		if cl.Quotas != nil && cl.Quotas.MaxCollectionBytes != 0 {
+			return nil, fmt.Errorf("%s (%q).quotas.maxCollectionBytes: a bound of the hub (all clusters together): set it under quotas", field, cl.Name)
 		}
 		out.clusters[cl.Name] = cl
 		seen := map[string]bool{}

@@ -30,6 +30,7 @@ func testHub(t *testing.T, yaml string) *Hub {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.StateDir = t.TempDir() // a test that runs it keeps its state file there
 	h, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +44,7 @@ func reload(t *testing.T, h *Hub, yaml string) ReloadResult {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.StateDir = h.cfg.StateDir
 	res, err := h.Reload(cfg)
 	if err != nil {
 		t.Fatal(err)

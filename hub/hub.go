@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/meshfed/meshfed/hub/durable"
 	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
@@ -36,7 +37,12 @@ type Hub struct {
 	metrics    *Metrics
 	mcpMetrics *mcp.Metrics
 	layer      Layer
-	now        func() time.Time
+	// layerChanged is the layer's StateChanged (nil for a single hub).
+	layerChanged func(cluster, collection string, put []*mcp.Entry, removed []string)
+	// state is the state file (persist.go): nil until Run opens it, and when it is off.
+	state    atomic.Pointer[durable.Store]
+	stateErr atomic.Pointer[error] // why it could not be opened
+	now      func() time.Time
 
 	store    *store
 	sinks    *sinkRegistry
@@ -98,15 +104,20 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		reg = prometheus.NewRegistry()
 	}
 	layer := opts.Layer
-	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
+	var layerChanged func(cluster, collection string, put []*mcp.Entry, removed []string)
 	if layer == nil {
 		layer = noLayer{}
 	} else {
-		changed = layer.StateChanged // a single hub keeps nothing of what clusters sent beyond the store
+		layerChanged = layer.StateChanged
 	}
 	h := &Hub{cfg: cfg, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg), layer: layer, now: time.Now,
-		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer()}
+		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer(),
+		layerChanged: layerChanged}
 	h.live.Store(&live{cfg: cfg, comp: comp})
+	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
+	if cfg.Persist || layerChanged != nil {
+		changed = h.stateChanged // otherwise nothing keeps what clusters sent beyond the store
+	}
 	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics, changed)
 	for _, c := range cfg.Clusters {
 		h.addClusterLocked(c.Name)
@@ -206,12 +217,18 @@ func (h *Hub) Addrs() (ingest, serve, httpAddr string) {
 }
 
 // Run serves until ctx ends.
-func (h *Hub) Run(ctx context.Context) error {
+func (h *Hub) Run(ctx context.Context) (err error) {
 	h.started = h.now()
 	if h.cfg.Insecure {
 		h.log.Warn("DEVELOPMENT MODE: plaintext gRPC, peers identified by the identity they claim; never use this in production")
 	}
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	// The clusters' last-known state is in the store before any stream: a minion that
+	// reconnects resumes from it, and a sink is served it.
+	if err := h.openState(); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, h.closeState()) }()
 	g, ctx := errgroup.WithContext(ctx)
 
 	serverOpts := func(creds credentials.TransportCredentials) []grpc.ServerOption {
@@ -360,6 +377,7 @@ func (h *Hub) housekeeping(ctx context.Context) {
 			h.setReady("warm-up timeout")
 		case <-tick.C:
 			h.expireStale()
+			h.saveContacts()
 			h.settleBreakers()
 		}
 	}

@@ -243,6 +243,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
 	cs.lastContact = h.now()
+	h.saveMetaLocked(cs)
 	if cs.rejections == nil {
 		cs.rejections = map[string]map[string]string{}
 	}

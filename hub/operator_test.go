@@ -72,6 +72,9 @@ func runHub(t *testing.T, yaml string) (*Hub, *logBuffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.StateDir == Defaults().StateDir {
+		cfg.StateDir = t.TempDir()
+	}
 	logs := &logBuffer{}
 	h, err := New(cfg, slog.New(slog.NewJSONHandler(io.MultiWriter(logs, testlog.Writer(t, "hub: ")), nil)), Options{})
 	if err != nil {

@@ -29,6 +29,12 @@ type QuotaConfig struct {
 	// faster pushes wait on their stream (the source coalesces changes meanwhile).
 	PushesPerSecond float64 `json:"pushesPerSecond,omitempty"`
 	PushBurst       int     `json:"pushBurst,omitempty"`
+	// MaxCollectionBytes bounds a collection, all clusters together, as served (hub-wide:
+	// not per cluster). 0: what a full-state sink (istiod) can receive in one push,
+	// maxMessageSize less the envelope. -1: no bound, for a hub whose sinks all take
+	// incremental pushes (which are split); a full-state sink then stops receiving a
+	// collection that outgrows one push.
+	MaxCollectionBytes int64 `json:"maxCollectionBytes,omitempty"`
 }
 
 // over returns q with the fields o sets.
@@ -69,6 +75,8 @@ func (q *QuotaConfig) check(field string, maxMessageSize int) error {
 			field, q.MaxObjectBytes, maxServedObject(maxMessageSize), maxMessageSize)
 	case q.PushesPerSecond < 0 || q.PushBurst < 0:
 		return fmt.Errorf("%s.pushesPerSecond and pushBurst: negative", field)
+	case q.MaxCollectionBytes < -1:
+		return fmt.Errorf("%s.maxCollectionBytes: %d: want a size, 0 (what a sink can receive in one push) or -1 (no bound)", field, q.MaxCollectionBytes)
 	}
 	return nil
 }
@@ -97,7 +105,8 @@ func servedSize(r *resource) int64 {
 // quotaGuard is what the store needs to bound a cluster's write.
 type quotaGuard struct {
 	q QuotaConfig
-	// collectionBudget is the most a collection may add up to, all clusters together.
+	// collectionBudget is the most a collection may add up to, all clusters together
+	// (negative: no bound).
 	collectionBudget int64
 }
 

@@ -90,7 +90,7 @@ func TestCollectionLargerThanASinkCanReceiveIsRefused(t *testing.T) {
 	}
 	e, r := bigVS(t, "pay/d", "1", 2000)
 	err := h.Apply("west", incremental(t, e, r))
-	if rj := rejectionsOf(t, err); len(rj) != 1 || !strings.Contains(rj[0].Reason, "more than a sink can receive") {
+	if rj := rejectionsOf(t, err); len(rj) != 1 || !strings.Contains(rj[0].Reason, "more than its bound") {
 		t.Fatalf("the fourth object: %v", err)
 	}
 	e, r = bigVS(t, "shop/a", "2", 1990)

@@ -31,7 +31,7 @@ func restartOnly(old, next *Config) error {
 		a, b any
 	}{
 		{"ingest", old.Ingest, next.Ingest}, {"serve", old.Serve, next.Serve}, {"serveUnauthenticated", old.ServeUnauthenticated, next.ServeUnauthenticated}, {"http", old.HTTP, next.HTTP}, {"adminTLS", old.AdminTLS, next.AdminTLS},
-		{"tls", old.TLS, next.TLS}, {"devCA", old.DevCA, next.DevCA}, {"stateDir", old.StateDir, next.StateDir}, {"insecure", old.Insecure, next.Insecure}, {"collections", old.Collections, next.Collections},
+		{"tls", old.TLS, next.TLS}, {"devCA", old.DevCA, next.DevCA}, {"stateDir", old.StateDir, next.StateDir}, {"persist", old.Persist, next.Persist}, {"insecure", old.Insecure, next.Insecure}, {"collections", old.Collections, next.Collections},
 		{"kinds", old.Kinds, next.Kinds},
 		{"maxMessageSize", old.MaxMessageSize, next.MaxMessageSize}, {"dialSinks", old.DialSinks, next.DialSinks},
 		{"poll", old.Poll, next.Poll}, {"backoff", old.Backoff, next.Backoff}, {"limits", old.Limits, next.Limits},

@@ -253,9 +253,9 @@ func (s *store) overQuotaLocked(d *clusterData, collection string, old, r *resou
 		return fmt.Sprintf("quota: cluster %q holds %d objects, its maxObjects", d.name, d.objects)
 	case grow > 0 && g.q.MaxBytes > 0 && d.bytes+grow > g.q.MaxBytes:
 		return fmt.Sprintf("quota: cluster %q's objects would add up to %d bytes, more than its maxBytes %d", d.name, d.bytes+grow, g.q.MaxBytes)
-	case grow > 0 && s.collBytes[collection]+grow > g.collectionBudget:
-		return fmt.Sprintf("%s would add up to %d bytes with it, all clusters together: more than a sink can receive in one push (maxMessageSize, less %d bytes of envelope)",
-			collection, s.collBytes[collection]+grow, pushEnvelope)
+	case grow > 0 && g.collectionBudget >= 0 && s.collBytes[collection]+grow > g.collectionBudget:
+		return fmt.Sprintf("%s would add up to %d bytes with it, all clusters together: more than its bound, %d (quotas.maxCollectionBytes; by default what a sink can receive in one push)",
+			collection, s.collBytes[collection]+grow, g.collectionBudget)
 	}
 	return ""
 }

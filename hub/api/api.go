@@ -13,6 +13,7 @@
 //	/api/owners?host=H | ?namespace=N Owners
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
+//	/api/state                        State: the file keeping the clusters' last-known state
 //
 // Who may read them: anyone who reaches the hub's http listener, which carries no identity
 // (it serves Prometheus and the probes too; keep it on loopback or a network only they and
@@ -59,12 +60,33 @@ type ClusterStatus struct {
 	// Conflicts are resources held but not served because another cluster's resource of
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+	// Restored: what the hub serves of the cluster is its last-known state, read from the
+	// state file at the hub's start; its own session has not delivered since.
+	Restored bool `json:"restored,omitempty"`
 	// Breaker is the cluster's mass-deletion breaker: present while it holds deletions
 	// (open, or deletions waiting to see whether it opens).
 	Breaker *Breaker `json:"breaker,omitempty"`
 	// HeldBy is, with replicas, the replica holding the cluster's newest minion session
 	// (every other replica follows the cluster from it); absent when none holds it.
 	HeldBy *Holder `json:"heldBy,omitempty"`
+}
+
+// State is the hub's file of the clusters' last-known state (what a restart serves of a
+// cluster whose minion is away).
+type State struct {
+	// Persist: the hub keeps the state (the persist setting); Open: the file is open.
+	Persist bool   `json:"persist"`
+	Open    bool   `json:"open"`
+	Path    string `json:"path"`
+	// Error is why the file could not be opened (the hub then runs without it).
+	Error string `json:"error,omitempty"`
+	// Queued writes are not on disk yet; Failing: the last write failed (LastError), and is
+	// being retried.
+	Queued     int        `json:"queued"`
+	Failing    bool       `json:"failing"`
+	LastError  string     `json:"lastError,omitempty"`
+	LastCommit *time.Time `json:"lastCommit,omitempty"`
+	FileSize   int64      `json:"fileSize"`
 }
 
 // Breaker is what a cluster's mass-deletion breaker holds: deletions its source asked for

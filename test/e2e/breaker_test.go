@@ -135,7 +135,7 @@ func TestBreakerGuardsAReloadTypo(t *testing.T) {
 
 	next := func(mut func(c *hub.Config)) *hub.Config {
 		c := twoClusterConfig()
-		c.Ingest, c.Serve, c.HTTP = cfg.Ingest, cfg.Serve, cfg.HTTP
+		c.Ingest, c.Serve, c.HTTP, c.StateDir = cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.StateDir
 		mut(c)
 		return c
 	}

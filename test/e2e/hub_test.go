@@ -95,6 +95,9 @@ func hubCLI(t *testing.T, admin string) func(args ...string) string {
 func runHub(t *testing.T, cfg *hub.Config) *hub.Hub {
 	t.Helper()
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.StateDir == hub.Defaults().StateDir {
+		cfg.StateDir = t.TempDir() // the clusters' state file: one hub per directory
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -610,7 +613,7 @@ func TestHubReload(t *testing.T) {
 	})
 	next := func(mut func(c *hub.Config)) *hub.Config {
 		c := twoClusterConfig()
-		c.Ingest, c.Serve, c.HTTP = cfg.Ingest, cfg.Serve, cfg.HTTP
+		c.Ingest, c.Serve, c.HTTP, c.StateDir = cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.StateDir
 		mut(c)
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
@@ -721,7 +724,7 @@ func TestClusterRemovedByReload(t *testing.T) {
 		t.Fatal("ready before west synced")
 	}
 	next := twoClusterConfig()
-	next.Ingest, next.Serve, next.HTTP, next.WarmUp = cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.WarmUp
+	next.Ingest, next.Serve, next.HTTP, next.WarmUp, next.StateDir = cfg.Ingest, cfg.Serve, cfg.HTTP, cfg.WarmUp, cfg.StateDir
 	next.Clusters = next.Clusters[:1]
 	if _, err := h.Reload(next); err != nil {
 		t.Fatal(err)

@@ -70,6 +70,7 @@ func TestMinionRelay(t *testing.T) {
 		{Name: "east-relay", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east", "west"}},
 	}}
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.StateDir = t.TempDir()
 	h, err := hub.New(cfg, logger(t).With("side", "hub"), hub.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -55,6 +55,7 @@ func (r replicaHub) GossipAddr() string           { return r.layer.GossipAddr() 
 func startReplica(t *testing.T, cfg *hub.Config) (h replicaHub, stop func()) {
 	t.Helper()
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", ""
+	cfg.StateDir = t.TempDir()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

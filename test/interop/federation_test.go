@@ -39,6 +39,7 @@ func runTestHub(t *testing.T, change func(*hub.Config)) *hub.Hub {
 	cfg := hub.Defaults()
 	cfg.Insecure = true
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.StateDir = t.TempDir()
 	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Identities: []string{"east"}, Namespaces: []string{"*"}, Hosts: []string{"*"}}}
 	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}
 	if change != nil {

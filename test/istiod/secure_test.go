@@ -82,6 +82,7 @@ type hubProcess struct {
 func startHubProcess(t testing.TB, cfg *hub.Config, dir string) *hubProcess {
 	t.Helper()
 	cfg.HTTP = "127.0.0.1:0"
+	cfg.StateDir = filepath.Join(dir, "hub-state") // the same across restarts of the process
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

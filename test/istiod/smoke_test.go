@@ -35,6 +35,7 @@ func runHub(t *testing.T) *hub.Hub {
 	t.Helper()
 	cfg := hub.Defaults()
 	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", ""
+	cfg.StateDir = t.TempDir()
 	cfg.Insecure = true
 	cfg.Clusters = []hub.ClusterConfig{{Name: "east", Identities: []string{"east"}, Namespaces: []string{"shop"}, Hosts: []string{"*"}}}
 	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"sort"
 	"sync/atomic"
@@ -34,6 +35,7 @@ type benchHub struct {
 	done   chan error
 	ingest string
 	serve  string
+	dir    string // its state directory, removed at stop
 }
 
 func startHub(clusters int) (*benchHub, error) {
@@ -43,6 +45,9 @@ func startHub(clusters int) (*benchHub, error) {
 	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
 	cfg.WarmUp = hub.Duration{Duration: time.Minute}
 	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}
+	// Unbounded: these rows measure scale (a million resources in one collection, sent
+	// to incremental sinks in split pushes) and speed, not the quotas.
+	cfg.Quotas = hub.QuotaConfig{MaxCollectionBytes: -1}
 	for i := range clusters {
 		name := fmt.Sprintf("c%03d", i)
 		ns := "*"
@@ -51,15 +56,24 @@ func startHub(clusters int) (*benchHub, error) {
 		}
 		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: name, Identities: []string{name}, Namespaces: []string{ns}, Hosts: []string{"*"}})
 	}
+	// The hub keeps its clusters' state on disk, as it does by default: what it costs is
+	// in every row.
+	dir, err := os.MkdirTemp("", "meshfed-bench-hub-")
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = dir
 	if err := cfg.Validate(); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	h, err := hub.New(cfg, quietLogger(), hub.Options{})
 	if err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &benchHub{h: h, cancel: cancel, done: make(chan error, 1)}
+	b := &benchHub{h: h, cancel: cancel, done: make(chan error, 1), dir: dir}
 	go func() { b.done <- h.Run(ctx) }()
 	for i := 0; ; i++ {
 		ing, srv, _ := h.Addrs()
@@ -68,7 +82,7 @@ func startHub(clusters int) (*benchHub, error) {
 			break
 		}
 		if i > 1000 {
-			cancel()
+			b.stop()
 			return nil, fmt.Errorf("hub did not start")
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -76,7 +90,7 @@ func startHub(clusters int) (*benchHub, error) {
 	return b, nil
 }
 
-func (b *benchHub) stop() { b.cancel(); <-b.done }
+func (b *benchHub) stop() { b.cancel(); <-b.done; os.RemoveAll(b.dir) }
 
 // cluster pushes a cache to the hub as one cluster, like a minion.
 type cluster struct {

@@ -1,0 +1,206 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/durable"
+	"github.com/meshfed/meshfed/mcp"
+)
+
+// Durable last-known state. The hub keeps nothing of a cluster but what its sessions
+// wrote; restarted while a minion is down, it would serve without that cluster once the
+// warm-up ended, and istiod would delete the cluster's objects. So each cluster's accepted
+// state (its resources as received, when it was last in contact, whether it had synced) is
+// written to <stateDir>/clusters.db (package durable: asynchronously, off the push path),
+// and a restarted hub serves it, under the staleness policy counted from the last contact,
+// until the cluster's own session replaces it. A restored cluster that had synced counts as
+// present for the warm-up. Restored resources go through the ownership ACL again: the
+// configuration may have changed while the hub was down.
+
+// StateFile is the file, under stateDir, holding the clusters' last-known state.
+const StateFile = "clusters.db"
+
+// openState opens the state file and restores what it holds into the store. A corrupt or
+// unreadable file is moved aside, reported, and the hub starts from the minions; a file
+// another hub holds is an error (two hubs on one state directory would overwrite each
+// other's state).
+func (h *Hub) openState() error {
+	if !h.cfg.Persist {
+		return nil
+	}
+	path := filepath.Join(h.cfg.StateDir, StateFile)
+	st, state, reset, err := durable.OpenOrReset(path, h.log.With("state", path))
+	if errors.Is(err, durable.ErrLocked) {
+		return fmt.Errorf("stateDir: %w (another hub uses %s)", err, path)
+	}
+	if err != nil {
+		h.log.Error("cannot keep the clusters' state: running without it (a restart starts from the minions)", "path", path, "err", err)
+		h.stateErr.Store(&err)
+		return nil
+	}
+	if reset != nil { // package durable logged where it moved the file
+		h.log.Error("the state file could not be read: starting from the minions", "err", reset)
+	}
+	names := make([]string, 0, len(state))
+	for name := range state {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		c := state[name]
+		if h.cluster(name) == nil {
+			st.DropCluster(name)
+			h.log.Info("state file: a cluster no longer configured is forgotten", "cluster", name)
+			continue
+		}
+		n, refused := h.restoreCluster(name, c)
+		h.log.Info("cluster restored from the state file: served until its own session replaces it",
+			"cluster", name, "resources", n, "refused", refused, "last_contact", c.LastContact, "synced", c.Synced)
+	}
+	h.state.Store(st) // written from here on: restoring wrote nothing back
+	h.checkReady()
+	return nil
+}
+
+// restoreCluster puts c's resources into the store as cluster's (those the current
+// ownership allows), and its last contact and sync state into the cluster's state, as if
+// its last session had just ended at its last contact.
+func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused int) {
+	cs := h.cluster(name)
+	comp := h.current().comp
+	rejections := map[string]map[string]string{}
+	colls := make([]string, 0, len(c.Collections))
+	for coll := range c.Collections {
+		colls = append(colls, coll)
+	}
+	sort.Strings(colls)
+	for _, coll := range colls {
+		if !slices.Contains(h.cfg.Collections, coll) {
+			continue // no longer served
+		}
+		var put []*resource
+		for _, e := range c.Collections[coll] {
+			res, err := restoredResource(comp, name, coll, e)
+			if err != nil {
+				if rejections[coll] == nil {
+					rejections[coll] = map[string]string{}
+				}
+				rejections[coll][e.Name] = err.Error()
+				refused++
+				continue
+			}
+			put = append(put, res)
+		}
+		if _, err := h.store.apply(cs.data, write{collection: coll, put: put, full: true}); err != nil {
+			return restored, refused
+		}
+		restored += len(put)
+		h.metrics.resources(name, coll, len(put))
+	}
+	last := c.LastContact
+	if last.IsZero() {
+		last = h.now()
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, c.Synced, true
+	if len(rejections) > 0 {
+		cs.rejections = rejections
+	}
+	return restored, refused
+}
+
+// restoredResource rebuilds a stored resource from its entry as received, through the
+// current ownership.
+func restoredResource(comp *compiled, cluster, collection string, e *mcp.Entry) (*resource, error) {
+	r := &mcpapi.Resource{}
+	if err := proto.Unmarshal(e.Encoded, r); err != nil {
+		return nil, err
+	}
+	hosts, err := acl.Hosts(collection, r.GetBody().GetValue())
+	if err == nil {
+		err = comp.policy.Check(cluster, acl.Object{Collection: collection, Name: e.Name, Hosts: hosts})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return newResource(cluster, collection, e, r, hosts)
+}
+
+// stateChanged is the store's report of each change of a cluster's resources: written to
+// the state file, and told to the layer.
+func (h *Hub) stateChanged(cluster, collection string, put []*mcp.Entry, removed []string) {
+	if st := h.state.Load(); st != nil {
+		st.Apply(cluster, collection, put, removed)
+	}
+	if h.layerChanged != nil {
+		h.layerChanged(cluster, collection, put, removed)
+	}
+}
+
+// saveMeta writes what the state file keeps of cs beyond its resources; the caller holds
+// cs.mu.
+func (h *Hub) saveMetaLocked(cs *clusterState) {
+	st := h.state.Load()
+	if st == nil || cs.removed {
+		return
+	}
+	last := cs.lastContact
+	if cs.connected > 0 {
+		last = h.now() // in contact now: a crash counts the staleness from about here
+	}
+	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced})
+}
+
+// saveContacts refreshes the last contact of the connected clusters in the state file
+// (housekeeping, every second).
+func (h *Hub) saveContacts() {
+	if h.state.Load() == nil {
+		return
+	}
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		if cs.connected > 0 {
+			h.saveMetaLocked(cs)
+		}
+		cs.mu.Unlock()
+	}
+}
+
+// closeState writes what is queued and closes the state file.
+func (h *Hub) closeState() error {
+	st := h.state.Swap(nil)
+	if st == nil {
+		return nil
+	}
+	if err := st.Close(); err != nil {
+		return fmt.Errorf("state file: %w", err)
+	}
+	return nil
+}
+
+// stateStatus is the state file's health, as /api/state shows it.
+func (h *Hub) stateStatus() api.State {
+	out := api.State{Persist: h.cfg.Persist, Path: filepath.Join(h.cfg.StateDir, StateFile)}
+	if p := h.stateErr.Load(); p != nil {
+		out.Error = (*p).Error()
+	}
+	if st := h.state.Load(); st != nil {
+		s := st.Stats()
+		out.Open, out.Queued, out.Failing, out.LastError, out.FileSize = true, s.Queued, s.Failing, s.LastError, s.FileSize
+		if !s.LastCommit.IsZero() {
+			t := s.LastCommit
+			out.LastCommit = &t
+		}
+	}
+	return out
+}

@@ -1,0 +1,178 @@
+package hub
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshfed/meshfed/hub/durable"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
+)
+
+const persistHub = `
+insecure: true
+ingest: 127.0.0.1:0
+serve: 127.0.0.1:0
+collections: [istio/networking/v1alpha3/virtualservices, istio/networking/v1alpha3/destinationrules]
+warmUp: 1h
+clusters:
+- {name: east, identities: [east], namespaces: [shop], hosts: ["*"]}
+- {name: west, identities: [west], namespaces: [pay], hosts: ["*"]}
+routing: {default: {name: all}}
+`
+
+// persistedHub is a hub of yaml keeping its state in dir, started; stop ends it (its state
+// file closed).
+func persistedHub(t *testing.T, yaml, dir string, now func() time.Time) (*Hub, func()) {
+	t.Helper()
+	h := testHub(t, yaml)
+	h.cfg.StateDir = dir
+	if now != nil {
+		h.now = now
+	}
+	stop := testrun.Start(t, "hub Run", h.Run)
+	testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := h.Addrs(); return s != "" })
+	return h, stop
+}
+
+func servedBytes(t *testing.T, h *Hub, coll string) map[string][]byte {
+	t.Helper()
+	sink := watchAs(t, h, "", "istiod")
+	out := map[string][]byte{}
+	for _, e := range sink.colls[coll].Snapshot().Entries {
+		out[e.Name] = e.Encoded
+	}
+	return out
+}
+
+// A hub restarted while a cluster's minion is away serves that cluster's last state, byte
+// for byte, as soon as it starts (the restored cluster, synced before, counts as present for
+// the warm-up), and the status says it is restored.
+func TestRestartServesTheLastStateOfAnAbsentCluster(t *testing.T) {
+	dir := t.TempDir()
+	a, stop := persistedHub(t, persistHub, dir, nil)
+	if err := a.Apply("east", push(t, vsColl, "shop/a", "shop/b", "shop/c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply("east", push(t, drColl, "shop/d")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply("west", push(t, vsColl, "pay/x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply("west", push(t, drColl)); err != nil {
+		t.Fatal(err)
+	}
+	before := servedBytes(t, a, vsColl)
+	stop()
+
+	b, _ := persistedHub(t, persistHub, dir, nil)
+	if !b.Ready() {
+		t.Error("a hub whose every cluster was restored synced is not ready at once")
+	}
+	after := servedBytes(t, b, vsColl)
+	if len(after) != 4 {
+		t.Fatalf("served after the restart: %d VirtualServices, want 4", len(after))
+	}
+	for name, enc := range before {
+		if !bytes.Equal(after[name], enc) {
+			t.Errorf("%s is not byte-identical after the restart", name)
+		}
+	}
+	for _, c := range b.Clusters() {
+		if !c.Restored || c.Connected || !c.Synced || c.LastContact == nil {
+			t.Errorf("%s: %+v", c.Name, c)
+		}
+	}
+	if st := b.stateStatus(); !st.Open || st.Error != "" {
+		t.Errorf("state: %+v", st)
+	}
+}
+
+// Staleness counts from the last contact, not from the restart: a cluster last in contact
+// two hours before, under a one-hour TTL, is dropped at once.
+func TestRestoredStalenessCountsFromTheLastContact(t *testing.T) {
+	dir := t.TempDir()
+	twoHoursAgo := func() time.Time { return time.Now().Add(-2 * time.Hour) }
+	a, stop := persistedHub(t, persistHub, dir, twoHoursAgo)
+	if err := a.Apply("east", push(t, vsColl, "shop/a")); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	b, _ := persistedHub(t, persistHub+"staleness: {default: 1h}\n", dir, nil)
+	sink := watchAs(t, b, "", "istiod")
+	testwait.For(t, 10*time.Second, "east's state dropped for staleness", func() bool { return sink.names(vsColl) == "" })
+}
+
+// Restored resources go through the current ownership again; a cluster no longer
+// configured is forgotten.
+func TestRestoreRechecksOwnership(t *testing.T) {
+	dir := t.TempDir()
+	a, stop := persistedHub(t, persistHub, dir, nil)
+	if err := a.Apply("east", push(t, vsColl, "shop/a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply("west", push(t, vsColl, "pay/x")); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	next := strings.Replace(persistHub, "namespaces: [shop]", "namespaces: [shop2]", 1)
+	next = strings.Replace(next, "- {name: west, identities: [west], namespaces: [pay], hosts: [\"*\"]}\n", "", 1)
+	b, stop := persistedHub(t, next, dir, nil)
+	if got := servedBytes(t, b, vsColl); len(got) != 0 {
+		t.Errorf("served after the restart: %v", got)
+	}
+	if c := b.Clusters()[0]; !strings.Contains(c.Rejections[vsColl]["shop/a"], "shop") {
+		t.Errorf("east's rejections: %+v", c.Rejections)
+	}
+	stop()
+	st, err := durable.Open(filepath.Join(dir, StateFile), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	state, err := st.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := state["west"]; ok {
+		t.Error("west, no longer configured, is still in the state file")
+	}
+}
+
+// A corrupt state file is moved aside and reported; the hub starts from the minions.
+func TestCorruptStateFileIsSetAside(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, StateFile), bytes.Repeat([]byte("not bbolt"), 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := persistedHub(t, persistHub, dir, nil)
+	if h.Ready() || len(servedBytes(t, h, vsColl)) != 0 {
+		t.Error("a hub with a corrupt state file served something")
+	}
+	moved, _ := filepath.Glob(filepath.Join(dir, StateFile+".corrupt-*"))
+	if len(moved) != 1 {
+		t.Errorf("moved aside: %v", moved)
+	}
+	if err := h.Apply("east", push(t, vsColl, "shop/a")); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.stateStatus(); !st.Open {
+		t.Errorf("state after the reset: %+v", st)
+	}
+}
+
+// A second hub on the same state directory refuses to start.
+func TestSecondHubOnOneStateDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	persistedHub(t, persistHub, dir, nil)
+	h := testHub(t, persistHub)
+	h.cfg.StateDir = dir
+	if err := h.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "another hub uses") {
+		t.Errorf("second hub: %v", err)
+	}
+}
