@@ -1,9 +1,10 @@
 // Command hub runs meshfed's central control plane; `hub status`, `hub why` and `hub
-// whatif` ask a running one, `hub certs issue` issues certificates from its development CA
-// and `hub subscribe` prints what it serves (see package hub/admin). With no -config it
-// runs hub.DefaultConfig: its development CA in .meshfed/hub, mutual TLS on 127.0.0.1
-// (ingest :9901, serve :9900, admin :9990), one cluster "dev" owning everything, every sink
-// receiving everything.
+// whatif` ask a running one, `hub breaker release` asks it, as an operator, to apply the
+// deletions a cluster's breaker holds, `hub certs issue` issues certificates from its
+// development CA and `hub subscribe` prints what it serves (see package hub/admin). With
+// no -config it runs hub.DefaultConfig: its development CA and the clusters' kept state in
+// .meshfed/hub, mutual TLS on 127.0.0.1 (ingest :9901, serve :9900, admin :9990, adminTLS
+// :9991), one cluster "dev" owning everything, every sink receiving everything.
 package main
 
 import (
@@ -26,7 +27,8 @@ import (
 
 func main() {
 	if len(os.Args) > 1 && admin.IsCommand(os.Args[1]) {
-		// Operator commands: status, why, whatif (the admin API), certs issue, subscribe.
+		// Operator commands: status, why, whatif, breaker release (the admin API), certs
+		// issue, subscribe.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		if err := admin.Run(ctx, os.Args[1:], os.Stdout); err != nil {
