@@ -63,9 +63,10 @@ type Config struct {
 	AdminTLS string `json:"adminTLS,omitempty"`
 
 	// TLS makes both gRPC listeners require mutual TLS; a peer's identity is its
-	// certificate's URI SAN (a SPIFFE ID), else its subject common name. Its serverName
-	// applies to the connections the hub dials (dialSinks, poll, replicas). Required
-	// unless Insecure or DevCA.
+	// certificate's URI SAN (a SPIFFE ID; a certificate with several is refused), else its
+	// subject common name. Its serverName applies to the connections the hub dials
+	// (dialSinks, poll, replicas). Required unless Insecure or DevCA; needs TrustDomain
+	// unless every sink is named by its exact identity (see checkSinkTrust).
 	TLS *meshtls.Config `json:"tls,omitempty"`
 	// DevCA makes the hub its own certificate authority for development: on first start it
 	// creates a CA and its serving certificate under StateDir (keys 0600) and reuses them
@@ -87,8 +88,9 @@ type Config struct {
 	// are spiffe://<trustDomain>/cluster/<name>, sinks spiffe://<trustDomain>/sink/<name>.
 	// A cluster without identities gets its SPIFFE ID; a certificate of the wrong kind (a
 	// sink's pushing, a cluster's subscribing) is refused; a sink is routed by the name in
-	// its certificate, not by a SinkNode id that says otherwise. With devCA and no trust
-	// domain, the development CA's (DevTrustDomain).
+	// its certificate, not by a SinkNode id that says otherwise, so routing rules may select
+	// by node ids alone. Required with TLS unless every sink is named by its exact
+	// identity. With devCA and no trust domain, the development CA's (DevTrustDomain).
 	TrustDomain string `json:"trustDomain,omitempty"`
 	// Clusters that may publish, each with its identities and what it owns.
 	Clusters []ClusterConfig `json:"clusters"`

@@ -31,7 +31,7 @@ func devCertificates(cfg *Config, log *slog.Logger) (meshtls.Files, error) {
 		return files, nil
 	}
 	hosts := []string{"127.0.0.1", "localhost", "::1"}
-	for _, a := range []string{cfg.Ingest, cfg.Serve} {
+	for _, a := range []string{cfg.Ingest, cfg.Serve, cfg.AdminTLS} {
 		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
 			hosts = append(hosts, h)
 		}

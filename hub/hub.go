@@ -158,15 +158,15 @@ func (h *Hub) setupTLS() error {
 	logs := lograte.New(lograte.DefaultInterval, nil)
 	onReject := func(peer net.Addr, reason string, err error) {
 		h.metrics.tlsRejected(reason)
-		host := ""
+		addr, host := "", ""
 		if peer != nil {
-			host = peer.String()
+			addr, host = peer.String(), peer.String()
 			if hst, _, err := net.SplitHostPort(host); err == nil {
 				host = hst
 			}
 		}
 		if ok, suppressed := logs.Allow(reason + "\x00" + host); ok {
-			h.log.Warn("TLS handshake refused", "reason", reason, "peer", peer, "err", err, "suppressed", suppressed)
+			h.log.Warn("TLS handshake refused", "reason", reason, "peer", addr, "err", err, "suppressed", suppressed)
 		}
 	}
 	h.serverOnlyCreds = meshtls.ServerCredentials(ts.ServerOnlyConfig(), onReject)

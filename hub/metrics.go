@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.conflictsGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "conflicts",
 		Help: "Collection/names published by more than one cluster (one served, the others held)."})
 	m.tlsRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_rejections_total",
-		Help: "TLS handshakes refused, by reason (no_certificate, unknown_authority, expired, not_yet_valid, invalid)."}, []string{"reason"})
+		Help: "TLS handshakes refused, by reason (no_certificate, unknown_authority, expired, not_yet_valid, multiple_identities, plaintext, invalid)."}, []string{"reason"})
 	m.breakerOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "breaker_open",
 		Help: "1 while a cluster's mass-deletion breaker is open (its deletions held until it recovers or an operator releases it)."}, []string{"cluster"})
 	m.deletionsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "deletions_held",
