@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
@@ -463,7 +462,7 @@ func (r *Relay) serve(ctx context.Context) error {
 		r.log.Warn("relay listener is plaintext: keep it pod-local or cluster-internal", "addr", addr)
 	}
 	srv := grpc.NewServer(opts...)
-	sc := mcp.ServerConfig{Authenticate: r.admit, Logger: r.log, Metrics: r.mm, Unauthenticated: true}
+	sc := mcp.ServerConfig{Ready: r.serving, Logger: r.log, Metrics: r.mm, Unauthenticated: true}
 	hooks := mcp.Hooks{StreamOpened: r.downOpened, StreamClosed: r.downClosed, Pushed: r.downPushed, Acked: r.downAcked}
 	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: r.cache, Logger: r.log, Metrics: r.mm, Hooks: hooks})
 	if err != nil {
@@ -483,11 +482,15 @@ func (r *Relay) serve(ctx context.Context) error {
 	return nil
 }
 
-func (r *Relay) admit(context.Context) (string, error) {
+// serving refuses istiod (Unavailable, retry in a second) until the relay has a whole
+// state: istiod exits when its config source refuses it, but an empty answer would make it
+// delete what its proxies run. It is the admission's readiness step, after the per-peer
+// rate limit, so an istiod retrying in a loop is limited and logged once a minute.
+func (r *Relay) serving() (time.Duration, string, bool) {
 	if !r.Ready() {
-		return "", status.Error(codes.Unavailable, "the relay has no state yet: waiting for the hub")
+		return time.Second, "the relay has no state yet: waiting for the hub", false
 	}
-	return "", nil
+	return 0, "", true
 }
 
 // resolve maps istiod's type URLs to the relayed collections.
