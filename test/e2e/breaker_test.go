@@ -167,3 +167,65 @@ func TestBreakerGuardsAReloadTypo(t *testing.T) {
 		t.Errorf("after the fix: %d served, removals %v", n, sink.removals())
 	}
 }
+
+// Two minions presenting east's certificate (a cloned deployment, a restarted minion whose
+// old process lingers): their streams take over from each other, each taking the whole
+// state, and never interleave: every state a sink sees is exactly one minion's.
+func TestTwoWritersForOneClusterNeverInterleave(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.Routing = routing.Config{Rules: []routing.Rule{{Name: "sinks", Identities: []string{hub.SinkIdentity(td, "*")}}}}
+	h := runHub(t, cfg)
+	ingest, serve, _ := h.Addrs()
+	one, other, west := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, n := range []string{"a", "b", "c"} {
+		writeFile(t, one, "shop/"+n+".yaml", vsYAML(n, "shop", "", n+".shop.example.com"))
+	}
+	writeFile(t, other, "shop/x.yaml", vsYAML("x", "shop", "", "x.shop.example.com"))
+	writeFile(t, west, "pay/api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "west", west, ingest)
+	tlsMinion(t, p, "east", one, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "sink")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pullOnce(t, serve, p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1")), sink)
+	const ofOne, ofOther = "pay/api@west,shop/a@east,shop/b@east,shop/c@east", "pay/api@west,shop/x@east"
+	waitFor(t, 10*time.Second, "the first minion's state", func() bool { return sc.view(vs) == ofOne })
+
+	// The sink's Applier records every state it is pushed; check each against the two.
+	seen := map[string]int{}
+	var bad []string
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			v := sc.view(vs)
+			seen[v]++
+			if v != ofOne && v != ofOther {
+				bad = append(bad, v)
+			}
+		}
+	}()
+	tlsMinion(t, p, "east", other, ingest)
+	waitFor(t, 20*time.Second, "both states served in turn", func() bool {
+		return metric(t, h, "meshfed_hub_cluster_takeovers_total") >= 3
+	})
+	close(stop)
+	<-done
+	if len(bad) > 0 {
+		t.Errorf("states that are neither minion's: %q", bad)
+	}
+	if seen[ofOther] == 0 {
+		t.Errorf("the second minion's state was never served: %v", seen)
+	}
+}
