@@ -19,6 +19,19 @@ import (
 	"github.com/meshfed/meshfed/routing"
 )
 
+// tlsSink is a real MCP sink with sink name's certificate subscribed to serve until the
+// test ends.
+func tlsSink(t *testing.T, p *pki, serve, name string) *sinkClient {
+	t.Helper()
+	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "sink-"+name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pullOnce(t, serve, p.creds(t, "sink-"+name, hub.SinkIdentity(td, name)), sink)
+	return sc
+}
+
 // A minion's directory emptied (a bad rollout of its ConfigMap, a wrong mount): the hub's
 // breaker opens, the sink keeps every object, status shows the pending diff; a release by
 // any identity but an operator's is refused; restoring the files closes the breaker with no
@@ -56,12 +69,7 @@ func TestBreakerHoldsAnEmptiedDirectory(t *testing.T) {
 	tlsMinion(t, p, "west", west, ingest)
 	waitFor(t, 20*time.Second, "hub ready", h.Ready)
 
-	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
-	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "sink")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pullOnce(t, serve, p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1")), sink)
+	sc := tlsSink(t, p, serve, "prod-1")
 	served := func() int { return strings.Count(sc.view(vs), "@") }
 	waitFor(t, 10*time.Second, "the sink has all 13", func() bool { return served() == 13 })
 
@@ -187,12 +195,7 @@ func TestTwoWritersForOneClusterNeverInterleave(t *testing.T) {
 	tlsMinion(t, p, "east", one, ingest)
 	waitFor(t, 20*time.Second, "hub ready", h.Ready)
 
-	sc := &sinkClient{state: map[string]map[string]*mcpapi.Resource{}}
-	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Applier: sc, Logger: logger(t).With("side", "sink")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pullOnce(t, serve, p.creds(t, "sink-prod-1", hub.SinkIdentity(td, "prod-1")), sink)
+	sc := tlsSink(t, p, serve, "prod-1")
 	const ofOne, ofOther = "pay/api@west,shop/a@east,shop/b@east,shop/c@east", "pay/api@west,shop/x@east"
 	waitFor(t, 10*time.Second, "the first minion's state", func() bool { return sc.view(vs) == ofOne })
 
