@@ -41,6 +41,8 @@ type clusterState struct {
 	rejections     map[string]map[string]string
 	direct         *Session // Hub.Apply's, which has no stream
 	restored       bool     // what is served of it was read from the state file; its own session has not delivered since
+	unconfirmed    bool     // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
+	epoch          uint64   // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
 	pushes         *pushLimiter
 	pushesFor      QuotaConfig // the quotas pushes was made for
 }
@@ -262,6 +264,9 @@ func (h *Hub) delivered(s *Session, collection string) {
 	newly := complete && !cs.synced && !cs.removed
 	if newly {
 		cs.synced = true
+	}
+	if complete {
+		cs.unconfirmed = false // the session's state replaced the restored one
 	}
 	if complete && !s.away {
 		cs.restored = false // its own state now

@@ -38,6 +38,14 @@ type Layer interface {
 	StateChanged(cluster, collection string, put []*mcp.Entry, removed []string)
 	ClusterRemoved(cluster string)
 
+	// ClusterRestored is told, at the start (before Start and before any stream), of each
+	// cluster whose whole state was restored from the state file, with the epoch that state
+	// was saved at (see Hub.SetClusterEpoch). It returns whether the restored state counts
+	// as the cluster's synced state now, for the warm-up and as a copy peers may take; if
+	// not, it counts once the layer calls Hub.ConfirmRestored, or once a session of the
+	// cluster has delivered everything (which replaced it). A single hub's always counts.
+	ClusterRestored(cluster string, epoch uint64) bool
+
 	// RunTask runs run, one of the hub's dial-outs (key names it: dialSink/<name>,
 	// poll/<cluster>), for as long as this hub should; a single hub always should.
 	RunTask(ctx context.Context, key string, run func(context.Context))
@@ -69,6 +77,7 @@ func (noLayer) SessionClosed(*Session)                                  {}
 func (noLayer) MayWrite(*Session) bool                                  { return true }
 func (noLayer) StateChanged(string, string, []*mcp.Entry, []string)     {}
 func (noLayer) ClusterRemoved(string)                                   {}
+func (noLayer) ClusterRestored(string, uint64) bool                     { return true }
 func (noLayer) RunTask(ctx context.Context, _ string, run func(context.Context)) {
 	run(ctx)
 }

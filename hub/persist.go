@@ -25,6 +25,11 @@ import (
 // until the cluster's own session replaces it. A restored cluster that had synced counts as
 // present for the warm-up. Restored resources go through the ownership ACL again: the
 // configuration may have changed while the hub was down.
+//
+// With replicas, the state file also keeps, per cluster, the epoch of the session whose
+// state the copy is (the layer sets it: SetClusterEpoch), and a restored copy counts only
+// once the layer says so (Layer.ClusterRestored, ConfirmRestored): a peer may hold a newer
+// session's state, which must replace the restored one before any sink is served it.
 
 // StateFile is the file, under stateDir, holding the clusters' last-known state.
 const StateFile = "clusters.db"
@@ -62,9 +67,10 @@ func (h *Hub) openState() error {
 			h.log.Info("state file: a cluster no longer configured is forgotten", "cluster", name)
 			continue
 		}
-		n, refused := h.restoreCluster(name, c)
+		n, refused, present := h.restoreCluster(name, c)
 		h.log.Info("cluster restored from the state file: served until its own session replaces it",
-			"cluster", name, "resources", n, "refused", refused, "last_contact", c.LastContact, "synced", c.Synced)
+			"cluster", name, "resources", n, "refused", refused, "last_contact", c.LastContact, "synced", c.Synced, "epoch", c.Epoch,
+			"counts_as_synced", present)
 	}
 	h.state.Store(st) // written from here on: restoring wrote nothing back
 	h.checkReady()
@@ -72,9 +78,10 @@ func (h *Hub) openState() error {
 }
 
 // restoreCluster puts c's resources into the store as cluster's (those the current
-// ownership allows), and its last contact and sync state into the cluster's state, as if
-// its last session had just ended at its last contact.
-func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused int) {
+// ownership allows), and its last contact, sync state and epoch into the cluster's state,
+// as if its last session had just ended at its last contact. A whole state counts as
+// synced if the layer says so (present).
+func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused int, present bool) {
 	cs := h.cluster(name)
 	comp := h.current().comp
 	rejections := map[string]map[string]string{}
@@ -101,7 +108,7 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused
 			put = append(put, res)
 		}
 		if _, err := h.store.apply(cs.data, write{collection: coll, put: put, full: true}); err != nil {
-			return restored, refused
+			return restored, refused, false
 		}
 		restored += len(put)
 		h.metrics.resources(name, coll, len(put))
@@ -110,13 +117,56 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused
 	if last.IsZero() {
 		last = h.now()
 	}
+	present = c.Synced && h.layer.ClusterRestored(name, c.Epoch)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, c.Synced, true
+	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, present, true
+	cs.unconfirmed, cs.epoch = c.Synced && !present, c.Epoch
 	if len(rejections) > 0 {
 		cs.rejections = rejections
 	}
-	return restored, refused
+	return restored, refused, present
+}
+
+// ConfirmRestored makes a cluster's restored state, which the layer held back
+// (ClusterRestored returned false), count as synced: the layer found nothing newer of the
+// cluster. It reports whether it did: not once a session has delivered the cluster's state
+// (which replaced the restored one), nor for a cluster not restored whole.
+func (h *Hub) ConfirmRestored(cluster string) bool {
+	cs := h.cluster(cluster)
+	if cs == nil {
+		return false
+	}
+	cs.mu.Lock()
+	ok := cs.unconfirmed && !cs.removed
+	if ok {
+		cs.unconfirmed, cs.synced = false, true
+		cs.log.Info("restored state confirmed: nothing newer of the cluster is known; it counts as synced", "epoch", cs.epoch)
+	}
+	cs.mu.Unlock()
+	if ok {
+		h.checkReady()
+	}
+	return ok
+}
+
+// SetClusterEpoch records the epoch of the session whose state the hub's copy of cluster
+// now is, and writes it to the state file with the cluster's metadata, so that a restart
+// knows how new its restored copy is. The layer calls it once the store holds that
+// session's whole state: the file then holds the epoch only with that state (package
+// durable writes a prefix of the calls). A single hub never calls it: its epochs are 0.
+func (h *Hub) SetClusterEpoch(cluster string, epoch uint64) {
+	cs := h.cluster(cluster)
+	if cs == nil {
+		return
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.removed || cs.epoch == epoch {
+		return
+	}
+	cs.epoch = epoch
+	h.saveMetaLocked(cs)
 }
 
 // restoredResource rebuilds a stored resource from its entry as received, through the
@@ -158,7 +208,9 @@ func (h *Hub) saveMetaLocked(cs *clusterState) {
 	if cs.connected > 0 {
 		last = h.now() // in contact now: a crash counts the staleness from about here
 	}
-	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced})
+	// A restored state the layer has not confirmed yet is still whole: a crash meanwhile
+	// must restore it as such.
+	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced || cs.unconfirmed, Epoch: cs.epoch})
 }
 
 // saveContacts refreshes the last contact of the connected clusters in the state file

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"slices"
+	"strconv"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -19,6 +20,11 @@ const ForwardClusterAnnotation = "meshfed.io/forward-cluster"
 // that starts meanwhile takes it from a peer, so the cluster's last state survives the
 // replicas' restarts under the staleness policy.
 const ForwardCopyAnnotation = "meshfed.io/forward-copy"
+
+// ForwardEpochAnnotation, with ForwardCopyAnnotation, is the epoch the asker wants the copy
+// to be at least (decimal): a peer whose copy is older refuses, so a view of the copies
+// out of date cannot make the asker take an older state than it knows exists.
+const ForwardEpochAnnotation = "meshfed.io/forward-epoch"
 
 // feeds are, per cluster, its resources as this replica received them: what peers follow.
 type feeds struct {
@@ -54,12 +60,20 @@ func (l *Layer) StateChanged(cluster, collection string, put []*mcp.Entry, remov
 	l.feeds.of(cluster).Update(collection, put, removed)
 }
 
-// ClusterRemoved drops a cluster that left the configuration: its feed, and the peers'
-// streams following it from here. The membership keeps the highest epoch it saw for it,
-// so sessions of a cluster added again still order after the old ones.
+// ClusterRemoved drops a cluster that left the configuration: its feed, its copy's epoch,
+// and the peers' streams following it from here. The membership keeps the highest epoch it
+// saw for it, so sessions of a cluster added again still order after the old ones.
 func (l *Layer) ClusterRemoved(cluster string) {
 	l.feeds.drop(cluster)
 	l.peers.closeAll(cluster)
+	l.mu.Lock()
+	if c := l.clusters[cluster]; c != nil {
+		c.epoch, c.restored = 0, false
+	}
+	if m := l.members(); m != nil {
+		m.SetCopy(cluster, 0, false)
+	}
+	l.mu.Unlock()
 	if m := l.members(); m != nil {
 		m.Poke() // the next reconciliation stops following it
 	}
@@ -83,8 +97,18 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 			return status.Errorf(codes.FailedPrecondition, "cluster %q is held by replica %q: follow it from there", cluster, a.Replica)
 		}
 		if !l.h.ClusterSynced(cluster) {
-			// An empty answer would make the asking replica ready without the cluster.
+			// An empty answer would make the asking replica ready without the cluster; a
+			// restored copy not confirmed yet may be older than what the asker knows.
 			return status.Errorf(codes.FailedPrecondition, "replica %q has no copy of cluster %q", l.cfg.Name, cluster)
+		}
+		if want := info.Node().GetAnnotations()[ForwardEpochAnnotation]; want != "" {
+			e, err := strconv.ParseUint(want, 10, 64)
+			if err != nil {
+				return status.Errorf(codes.InvalidArgument, "%s %q: %v", ForwardEpochAnnotation, want, err)
+			}
+			if have := l.copyEpoch(cluster); have < e {
+				return status.Errorf(codes.FailedPrecondition, "replica %q's copy of cluster %q is of epoch %d, older than %d", l.cfg.Name, cluster, have, e)
+			}
 		}
 		return nil
 	}

@@ -2,10 +2,11 @@ package replicas
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"slices"
-	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,10 +24,12 @@ import (
 // when none does, a copy from a peer that has one.
 type follow struct {
 	replica, addr string
+	epoch         uint64   // the epoch of the session whose state it carries (a copy: at least)
 	copy          bool     // the copy of a cluster no replica holds (ForwardCopyAnnotation)
 	peers         []string // copy: the peers asked, in order
 	cancel        context.CancelFunc
 	retired       atomic.Bool // superseded: its pushes are no longer applied
+	delivered     atomic.Bool // a stream of it has delivered every collection
 }
 
 func (f *follow) stop() {
@@ -96,7 +99,7 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 		switch f := c.follow; {
 		case f == nil:
 		case f.copy:
-			l.following[name] = "copy from " + strings.Join(f.peers, " or ")
+			l.following[name] = fmt.Sprintf("copy from %s (epoch %d)", strings.Join(f.peers, " or "), f.epoch)
 		default:
 			l.following[name] = f.replica
 		}
@@ -119,28 +122,17 @@ func (l *Layer) reconcileLocked(ctx context.Context, name string, auth map[strin
 	}
 	a, ok := auth[name]
 	if !ok {
-		// No replica holds the cluster. A replica without a copy of its own (it started
-		// while the cluster was away) takes a peer's copy and keeps mirroring it (a
-		// staleness drop there reaches it); one with its own copy keeps that.
-		peers := l.copySources(name)
-		if len(peers) > 0 && (f == nil || !f.copy || !samePeers(f.peers, peers)) && !l.h.ClusterSynced(name) {
-			l.stopLocked(name, c, "")
-			c.follow = l.startCopy(ctx, name, peers, wg)
-			return true
-		}
-		if f != nil && f.copy && len(peers) > 0 {
-			return true // keeps mirroring the copy it has taken
-		}
+		return l.copyLocked(ctx, name, c, f, wg) // copies.go
 	}
-	if !ok || a.Replica == l.cfg.Name {
-		why := "no replica holds it"
-		if ok {
-			why = "this replica holds it"
-		}
-		l.stopLocked(name, c, why)
+	if a.Replica == l.cfg.Name {
+		l.stopLocked(name, c, "this replica holds it")
 		return false
 	}
-	if f == nil || f.copy || f.replica != a.Replica || f.addr != a.MCPAddr {
+	// A held cluster is followed from its holder whatever this replica's copy: the live
+	// session is the cluster's state. A new session of the same holder is followed anew, so
+	// that its delivery says when this copy is that session's state (the stream declares
+	// the versions this replica has: only differences come).
+	if f == nil || f.copy || f.replica != a.Replica || f.addr != a.MCPAddr || f.epoch != a.Epoch {
 		l.stopLocked(name, c, "")
 		c.follow = l.startFollow(ctx, name, a, wg)
 	}
@@ -160,35 +152,35 @@ func (l *Layer) stopLocked(cluster string, c *clusterRep, why string) {
 }
 
 func (l *Layer) startFollow(ctx context.Context, cluster string, a membership.Authority, wg *sync.WaitGroup) *follow {
-	f := &follow{replica: a.Replica, addr: a.MCPAddr}
+	f := &follow{replica: a.Replica, addr: a.MCPAddr, epoch: a.Epoch}
 	log := l.log.With("cluster", cluster, "from_replica", a.Replica, "addr", a.MCPAddr)
 	log.Info("following the cluster from the replica holding it", "epoch", a.Epoch)
 	l.runFollow(ctx, cluster, f, []string{a.MCPAddr}, log, wg)
 	return f
 }
 
-// startCopy takes the copy of a cluster no replica holds from the first of peers that has
-// one, and keeps mirroring it.
-func (l *Layer) startCopy(ctx context.Context, cluster string, peers []membership.Replica, wg *sync.WaitGroup) *follow {
-	f := &follow{copy: true}
+// startCopy takes the copy of a cluster no replica holds, of epoch, from the first of peers
+// that has it, and keeps mirroring it.
+func (l *Layer) startCopy(ctx context.Context, cluster string, epoch uint64, peers []membership.Copy, wg *sync.WaitGroup) *follow {
+	f := &follow{copy: true, epoch: epoch}
 	var addrs []string
 	for _, p := range peers {
-		f.peers = append(f.peers, p.Name)
+		f.peers = append(f.peers, p.Replica)
 		addrs = append(addrs, p.MCPAddr)
 	}
-	log := l.log.With("cluster", cluster, "from_replicas", f.peers)
+	log := l.log.With("cluster", cluster, "from_replicas", f.peers, "epoch", epoch)
 	log.Info("no replica holds the cluster: taking a peer's copy")
 	l.runFollow(ctx, cluster, f, addrs, log, wg)
 	return f
 }
 
 // samePeers reports whether a copy follow asks the peers it would ask now.
-func samePeers(asked []string, now []membership.Replica) bool {
+func samePeers(asked []string, now []membership.Copy) bool {
 	if len(asked) != len(now) {
 		return false
 	}
 	for i, r := range now {
-		if asked[i] != r.Name {
+		if asked[i] != r.Replica {
 			return false
 		}
 	}
@@ -204,6 +196,7 @@ func (l *Layer) runFollow(ctx context.Context, cluster string, f *follow, addrs 
 	node := &mcppb.SinkNode{Id: l.cfg.Name, Annotations: map[string]string{ForwardClusterAnnotation: cluster}}
 	if f.copy {
 		node.Annotations[ForwardCopyAnnotation] = "true"
+		node.Annotations[ForwardEpochAnnotation] = strconv.FormatUint(f.epoch, 10)
 	}
 	wg.Add(1)
 	go func() {
@@ -224,29 +217,6 @@ func (l *Layer) runFollow(ctx context.Context, cluster string, f *follow, addrs 
 			return s.Sink().PullFrom(ctx, conn)
 		})
 	}()
-}
-
-// copySources orders the live peers to ask for the copy of a cluster no replica holds
-// (rendezvous hashing, so replicas starting together ask the same one first); a peer
-// without a copy refuses and the next is asked.
-func (l *Layer) copySources(cluster string) []membership.Replica {
-	type scored struct {
-		r     membership.Replica
-		score uint64
-	}
-	var peers []scored
-	for _, r := range l.members().Replicas() {
-		if r.Name == l.cfg.Name || r.MCPAddr == "" {
-			continue
-		}
-		peers = append(peers, scored{r, rendezvous(r.Name, "copy/"+cluster)})
-	}
-	sort.Slice(peers, func(i, j int) bool { return peers[i].score > peers[j].score })
-	out := make([]membership.Replica, len(peers))
-	for i, p := range peers {
-		out[i] = p.r
-	}
-	return out
 }
 
 // rendezvous is replica's score for key: the replica with the highest score takes it

@@ -65,6 +65,14 @@ type clusterRep struct {
 	minion map[*hub.Session]uint64
 	// follow is the stream this replica follows the cluster by, if any.
 	follow *follow
+	// epoch is the epoch of the session whose state this replica's copy of the cluster is
+	// (0: none known). It is kept in the state file (Hub.SetClusterEpoch) and told to the
+	// peers (Members.SetCopy): when no replica holds the cluster, the newest copy wins.
+	epoch uint64
+	// restored: the copy was read from the state file, at epoch, and is held back — not
+	// counted as the cluster's state, not given to peers — until the group is known to have
+	// nothing newer (copies.go), or a newer state has replaced it.
+	restored bool
 }
 
 // resyncing reports whether a minion session here has not delivered everything yet: it is
@@ -85,6 +93,9 @@ type members interface {
 	Holds(cluster string) bool
 	Authority(cluster string) (replica string, epoch uint64, ok bool)
 	Authorities() map[string]membership.Authority
+	SetCopy(cluster string, epoch uint64, restored bool)
+	Copies(cluster string) []membership.Copy
+	Synced() bool
 	Replicas() []membership.Replica
 	Changed() <-chan struct{}
 	Watch() (<-chan struct{}, func())
@@ -155,6 +166,7 @@ func (l *Layer) Start(ctx context.Context, g *errgroup.Group, ls hub.Listeners) 
 	}
 	l.mem.Store(&memberRef{m})
 	l.log.Info("replica started", "replica", rc.Name, "gossip", m.Addr(), "advertise", adv, "identity", l.id)
+	l.advertiseRestored(m)
 
 	// Peers follow the clusters this replica holds on the ingest listener; a replica opens
 	// one stream per cluster at once, so the per-peer limit is far higher than a sink's.

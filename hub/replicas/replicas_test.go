@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,15 +31,17 @@ type fakeMembers struct {
 	self string
 
 	mu       sync.Mutex
-	addrs    map[string]string            // live replicas -> MCP address
-	holds    map[string]map[string]uint64 // replica -> cluster -> epoch
+	addrs    map[string]string                     // live replicas -> MCP address
+	holds    map[string]map[string]uint64          // replica -> cluster -> epoch
+	copies   map[string]map[string]membership.Copy // replica -> cluster -> its copy
 	maxEpoch map[string]uint64
+	unsynced bool // Synced reports false
 	changed  chan struct{}
 }
 
 func newFakeMembers(self string, peers ...string) *fakeMembers {
 	m := &fakeMembers{self: self, addrs: map[string]string{self: "127.0.0.1:1"}, holds: map[string]map[string]uint64{},
-		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1)}
+		copies: map[string]map[string]membership.Copy{}, maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1)}
 	for _, p := range peers {
 		m.addrs[p] = "127.0.0.1:1" // nothing listens: follows dial and retry until stopped
 	}
@@ -58,6 +61,51 @@ func (m *fakeMembers) set(replica, cluster string, epoch uint64) {
 	}
 	m.holds[replica][cluster] = epoch
 	m.maxEpoch[cluster] = max(m.maxEpoch[cluster], epoch)
+}
+
+// setCopy records replica's copy of cluster at epoch (0: none), restored or not.
+func (m *fakeMembers) setCopy(replica, cluster string, epoch uint64, restored bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.copies[replica] == nil {
+		m.copies[replica] = map[string]membership.Copy{}
+	}
+	if epoch == 0 {
+		delete(m.copies[replica], cluster)
+		return
+	}
+	m.copies[replica][cluster] = membership.Copy{Replica: replica, MCPAddr: m.addrs[replica], Epoch: epoch, Restored: restored}
+	m.maxEpoch[cluster] = max(m.maxEpoch[cluster], epoch)
+}
+
+func (m *fakeMembers) SetCopy(cluster string, epoch uint64, restored bool) {
+	m.setCopy(m.self, cluster, epoch, restored)
+}
+
+// copyOf returns this replica's advertised copy of cluster.
+func (m *fakeMembers) copyOf(cluster string) membership.Copy {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.copies[m.self][cluster]
+}
+
+func (m *fakeMembers) Copies(cluster string) []membership.Copy {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []membership.Copy
+	for r, cs := range m.copies {
+		if cp, ok := cs[cluster]; ok && r != m.self {
+			out = append(out, cp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Replica < out[j].Replica })
+	return out
+}
+
+func (m *fakeMembers) Synced() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.unsynced
 }
 
 func (m *fakeMembers) Hold(cluster string) uint64 {
@@ -297,17 +345,31 @@ func TestHandover(t *testing.T) {
 }
 
 // A replica that has no state of a cluster nobody holds takes a peer's copy (an Away
-// session: the cluster is not connected here), and stops asking once the copy arrived.
+// session: the cluster is not connected here) of the newest epoch, and stops asking once
+// the copy arrived; its copy is then of that epoch.
 func TestCopyOfAnAbsentCluster(t *testing.T) {
-	tl := newTestLayer(t, "a", "b")
+	tl := newTestLayer(t, "a", "b", "c")
+	tl.fm.setCopy("a", "west", 2, false)
+	tl.fm.setCopy("b", "west", 2, false)
+	tl.fm.setCopy("c", "west", 1, false) // an older session's state
+	tl.fm.unsynced = true
+	tl.reconcile()
+	if f := tl.following("west"); f != nil {
+		t.Fatalf("took a copy (%+v) before hearing every peer: a peer not heard yet may have a newer one", f)
+	}
+	tl.fm.unsynced = false
 	tl.reconcile()
 	f := tl.following("west")
-	if f == nil || !f.copy || len(f.peers) != 2 {
-		t.Fatalf("following west %+v, want a copy asked of a and b", f)
+	if f == nil || !f.copy || f.epoch != 2 || len(f.peers) != 2 || slices.Contains(f.peers, "c") {
+		t.Fatalf("following west %+v, want a copy of epoch 2 asked of a and b", f)
 	}
 	s := tl.followSession(t, "west", f)
 	if err := tl.h.Apply("west", &mcp.Change{Collection: vs}); err != nil {
 		t.Fatal(err)
+	}
+	tl.SessionDelivered(s) // as the core reports the follow's delivery
+	if cp := tl.fm.copyOf("west"); cp.Epoch != 2 || cp.Restored {
+		t.Errorf("this replica's copy after it arrived: %+v, want epoch 2", cp)
 	}
 	tl.SessionClosed(s)
 	if !f.retired.Load() {

@@ -47,9 +47,18 @@ func (l *Layer) SessionOpened(s *hub.Session) {
 
 // SessionDelivered: a minion session that has delivered every collection holds the
 // cluster (the newest epoch: peers follow this replica for it, and it stops applying what
-// it follows).
+// it follows). A follow that has delivered every collection has made this replica's copy
+// the state of the session it follows.
 func (l *Layer) SessionDelivered(s *hub.Session) {
 	l.mu.Lock()
+	if f := l.follows[s]; f != nil {
+		if !f.retired.Load() {
+			f.delivered.Store(true)
+			l.setEpochLocked(s.Cluster(), l.repLocked(s.Cluster()), f.epoch)
+		}
+		l.mu.Unlock()
+		return
+	}
 	c := l.clusters[s.Cluster()]
 	_, minion := c.minionOf(s)
 	if minion && c.follow != nil {
@@ -78,7 +87,7 @@ func (l *Layer) SessionClosed(s *hub.Session) {
 	l.mu.Lock()
 	if f := l.follows[s]; f != nil {
 		l.mu.Unlock()
-		if f.copy && l.h.ClusterSynced(cluster) {
+		if f.copy && f.delivered.Load() {
 			// A copy is taken once, from one peer: redialling another could declare
 			// versions that peer never had and receive deletions of them.
 			f.stop()
@@ -150,6 +159,7 @@ func (l *Layer) hold(s *hub.Session) bool {
 	_, open := c.minionOf(s)
 	if open {
 		c.minion[s] = epoch
+		l.setEpochLocked(cluster, c, epoch) // the store holds this session's whole state
 	}
 	l.mu.Unlock()
 	if !open { // the stream ended meanwhile

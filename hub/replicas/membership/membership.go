@@ -17,6 +17,11 @@
 // session wins wherever it started; ties (possible only when two sides of a network split
 // took the cluster independently) go to the lower replica name. A replica that leaves or
 // dies drops out of the view with its holdings.
+//
+// Copies: each replica also says, per cluster it has a copy of, the epoch of the session
+// whose state that copy is, and whether the copy was restored from its state file and not
+// yet confirmed (SetCopy). When no replica holds a cluster, the copies' epochs say which is
+// newest; they count among the epochs seen, so a new session is newer than every copy.
 package membership
 
 import (
@@ -85,6 +90,17 @@ type Tuning struct {
 	RejoinInterval time.Duration
 }
 
+// Copy is a peer's copy of a cluster, as the view holds it.
+type Copy struct {
+	Replica string
+	MCPAddr string
+	// Epoch is the epoch of the session whose state the copy is.
+	Epoch uint64
+	// Restored: read from the peer's state file and not confirmed yet (the peer does not
+	// serve it to other replicas until it is).
+	Restored bool
+}
+
 // Replica is one member as the view holds it.
 type Replica struct {
 	Name    string            `json:"name"`
@@ -92,11 +108,13 @@ type Replica struct {
 	Holding map[string]uint64 `json:"holding"` // cluster -> epoch of its live session there
 }
 
-// hold is one replica's holding of one cluster: Epoch 0 is a release (kept as a tombstone
-// until a full state supersedes it, so an older hold arriving late cannot revive it).
+// hold is one replica's holding of one cluster, or its copy of one: Epoch 0 is a release
+// (kept as a tombstone until a full state supersedes it, so an older hold arriving late
+// cannot revive it).
 type hold struct {
-	Epoch uint64 `json:"e"`
-	Ver   uint64 `json:"v"` // the replica's version when it changed
+	Epoch    uint64 `json:"e"`
+	Ver      uint64 `json:"v"`           // the replica's version when it changed
+	Restored bool   `json:"r,omitempty"` // copies: restored, not confirmed yet
 }
 
 // message is what replicas gossip: a replica's full state (push/pull) or one cluster's
@@ -109,6 +127,7 @@ type message struct {
 	Full    bool            `json:"f,omitempty"`
 	Ask     bool            `json:"q,omitempty"` // Full: answer with your full state
 	Holding map[string]hold `json:"h,omitempty"` // Full: every live holding; else the one changed
+	Copies  map[string]hold `json:"c,omitempty"` // Full: every copy; else the one changed (then Holding is empty)
 }
 
 // peer is what this replica knows of one replica.
@@ -118,6 +137,8 @@ type peer struct {
 	inc     int64
 	ver     uint64 // the version of the newest full state merged
 	holding map[string]hold
+	copies  map[string]hold
+	full    bool // a full state of its current life has been merged
 }
 
 // MaxMessage bounds a decoded gossip message (memberlist's push/pull is capped too).
@@ -135,18 +156,20 @@ func decode(b []byte) (message, error) {
 	if m.Name == "" {
 		return m, errors.New("gossip message without a replica name")
 	}
-	if !m.Full && len(m.Holding) != 1 {
-		return m, fmt.Errorf("gossip delta from %q changes %d clusters, want 1", m.Name, len(m.Holding))
+	if n := len(m.Holding) + len(m.Copies); !m.Full && n != 1 {
+		return m, fmt.Errorf("gossip delta from %q changes %d clusters, want 1", m.Name, n)
 	}
-	for c, h := range m.Holding {
-		if c == "" {
-			return m, fmt.Errorf("gossip message from %q holds a cluster without a name", m.Name)
-		}
-		if m.Full && h.Epoch == 0 {
-			return m, fmt.Errorf("gossip state from %q lists cluster %q with epoch 0", m.Name, c)
-		}
-		if h.Ver > m.Ver {
-			return m, fmt.Errorf("gossip message from %q: cluster %q changed at version %d, after the message's %d", m.Name, c, h.Ver, m.Ver)
+	for _, entries := range []map[string]hold{m.Holding, m.Copies} {
+		for c, h := range entries {
+			if c == "" {
+				return m, fmt.Errorf("gossip message from %q holds a cluster without a name", m.Name)
+			}
+			if m.Full && h.Epoch == 0 {
+				return m, fmt.Errorf("gossip state from %q lists cluster %q with epoch 0", m.Name, c)
+			}
+			if h.Ver > m.Ver {
+				return m, fmt.Errorf("gossip message from %q: cluster %q changed at version %d, after the message's %d", m.Name, c, h.Ver, m.Ver)
+			}
 		}
 	}
 	return m, nil
@@ -174,6 +197,8 @@ type Members struct {
 	maxEpoch map[string]uint64   // cluster -> highest epoch ever seen
 	changed  chan struct{}
 	watchers map[chan struct{}]bool // Watch's channels
+	joined   bool                   // Start has tried its seeds
+	synced   bool                   // see Synced
 }
 
 // Start creates the replica's membership and joins the seeds (those that answer; none
@@ -216,7 +241,7 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]departed{},
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
 		sends: make(chan outgoing, 1024),
-		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}}}
+		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}, Copies: map[string]hold{}}}
 	m.watchers = map[chan struct{}]bool{m.changed: true}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
@@ -241,6 +266,10 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 			m.log.Warn("no seed answered; waiting to be joined", "seeds", seeds, "err", err)
 		}
 	}
+	m.mu.Lock()
+	m.joined = true
+	m.checkSyncedLocked()
+	m.mu.Unlock()
 	every := cfg.Tuning.RejoinInterval
 	if every <= 0 {
 		every = 10 * time.Second
@@ -462,13 +491,84 @@ func (m *Members) changeLocked(cluster string, epoch uint64) {
 	} else {
 		m.self.Holding[cluster] = h
 	}
-	d := message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}
+	m.sendLocked(message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Holding: map[string]hold{cluster: h}}, "hold/"+cluster)
+	m.notifyLocked()
+}
+
+// sendLocked broadcasts a delta, and sends it over TCP to each member.
+func (m *Members) sendLocked(d message, key string) {
 	if b, err := json.Marshal(d); err == nil {
-		m.queue.QueueBroadcast(broadcast{name: m.self.Name, cluster: cluster, msg: b})
+		m.queue.QueueBroadcast(broadcast{name: m.self.Name, key: key, msg: b})
 		if !m.cfg.broadcastOnly {
 			m.enqueue(outgoing{msg: b})
 		}
 	}
+}
+
+// SetCopy records that this replica's copy of cluster is the state of the session of
+// epoch (0: it has none), restored from its state file and not confirmed yet if restored,
+// and tells the peers. The epoch counts among those seen for the cluster.
+func (m *Members) SetCopy(cluster string, epoch uint64, restored bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.self.Copies == nil {
+		m.self.Copies = map[string]hold{}
+	}
+	old, had := m.self.Copies[cluster]
+	if (!had && epoch == 0) || (had && old.Epoch == epoch && old.Restored == restored) {
+		return
+	}
+	if epoch > m.maxEpoch[cluster] {
+		m.maxEpoch[cluster] = epoch
+	}
+	m.self.Ver++
+	h := hold{Epoch: epoch, Ver: m.self.Ver, Restored: restored}
+	if epoch == 0 {
+		h.Restored = false
+		delete(m.self.Copies, cluster)
+	} else {
+		m.self.Copies[cluster] = h
+	}
+	m.sendLocked(message{Name: m.self.Name, Inc: m.self.Inc, Ver: m.self.Ver, Copies: map[string]hold{cluster: h}}, "copy/"+cluster)
+}
+
+// Copies returns the live peers' copies of cluster, by replica name.
+func (m *Members) Copies(cluster string) []Copy {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []Copy
+	for _, p := range m.peers {
+		if h := p.copies[cluster]; h.Epoch > 0 {
+			out = append(out, Copy{Replica: p.name, MCPAddr: p.mcpAddr, Epoch: h.Epoch, Restored: h.Restored})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Replica < out[j].Replica })
+	return out
+}
+
+// Synced reports whether this replica knows what the group has: it has tried its seeds,
+// knows at least one peer, and has merged a full state of every peer it knows. Until then a
+// copy it restored may be older than a peer's, and a replica that knows no peer cannot tell
+// a group of one from peers it cannot reach yet. Once true it stays true: it is asked
+// about what a replica restored at its start.
+func (m *Members) Synced() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.synced
+}
+
+// checkSyncedLocked sets synced once it holds, and wakes the consumers then.
+func (m *Members) checkSyncedLocked() {
+	if m.synced || !m.joined || len(m.peers) == 0 {
+		return
+	}
+	for _, p := range m.peers {
+		if !p.full {
+			return
+		}
+	}
+	m.synced = true
+	m.log.Info("heard every replica's full state: what the group has is known")
 	m.notifyLocked()
 }
 
@@ -614,7 +714,7 @@ func (m *Members) merge(b []byte) {
 	}
 	p := m.peers[msg.Name]
 	if p == nil {
-		p = &peer{name: msg.Name, holding: map[string]hold{}}
+		p = &peer{name: msg.Name, holding: map[string]hold{}, copies: map[string]hold{}}
 		m.peers[msg.Name] = p
 		m.live.Store(int32(len(m.peers) + 1))
 	}
@@ -622,8 +722,8 @@ func (m *Members) merge(b []byte) {
 	case msg.Inc < p.inc:
 		return // from an earlier life
 	case msg.Inc > p.inc:
-		changed := len(p.holding) > 0
-		p.inc, p.ver, p.holding = msg.Inc, 0, map[string]hold{}
+		changed := len(p.holding) > 0 || len(p.copies) > 0
+		p.inc, p.ver, p.holding, p.copies, p.full = msg.Inc, 0, map[string]hold{}, map[string]hold{}, false
 		if changed {
 			m.notifyLocked() // its earlier life's holdings are gone
 		}
@@ -631,32 +731,54 @@ func (m *Members) merge(b []byte) {
 	if msg.MCPAddr != "" {
 		p.mcpAddr = msg.MCPAddr
 	}
-	changed := false
-	for c, h := range msg.Holding {
-		if h.Epoch > m.maxEpoch[c] {
-			m.maxEpoch[c] = h.Epoch
-		}
-		old, ok := p.holding[c]
-		if !ok {
-			old.Ver = p.ver // a full state at least this new did not list it
-		}
-		if h.Ver > old.Ver {
-			p.holding[c] = h
-			changed = changed || old.Epoch != h.Epoch
-		}
-	}
+	changed := m.mergeLocked(p.holding, msg.Holding, p.ver)
+	changed = m.mergeLocked(p.copies, msg.Copies, p.ver) || changed
 	if msg.Full && msg.Ver > p.ver {
 		p.ver = msg.Ver
-		for c, h := range p.holding {
-			if _, listed := msg.Holding[c]; !listed && h.Ver <= msg.Ver {
-				delete(p.holding, c) // released before this state
-				changed = changed || h.Epoch > 0
-			}
-		}
+		changed = prune(p.holding, msg.Holding, msg.Ver) || changed
+		changed = prune(p.copies, msg.Copies, msg.Ver) || changed
+	}
+	if msg.Full {
+		p.full = true
+		m.checkSyncedLocked()
 	}
 	if changed {
 		m.notifyLocked()
 	}
+}
+
+// mergeLocked merges a message's entries of one kind (holdings or copies) into what a peer
+// had of that kind, its last full state being of version ver, and reports whether an
+// entry changed.
+func (m *Members) mergeLocked(have, got map[string]hold, ver uint64) bool {
+	changed := false
+	for c, h := range got {
+		if h.Epoch > m.maxEpoch[c] {
+			m.maxEpoch[c] = h.Epoch
+		}
+		old, ok := have[c]
+		if !ok {
+			old.Ver = ver // a full state at least this new did not list it
+		}
+		if h.Ver > old.Ver {
+			have[c] = h
+			changed = changed || old.Epoch != h.Epoch || old.Restored != h.Restored
+		}
+	}
+	return changed
+}
+
+// prune drops what a full state of version ver no longer lists (released before it), and
+// reports whether a live entry went.
+func prune(have, listed map[string]hold, ver uint64) bool {
+	changed := false
+	for c, h := range have {
+		if _, ok := listed[c]; !ok && h.Ver <= ver {
+			delete(have, c)
+			changed = changed || h.Epoch > 0
+		}
+	}
+	return changed
 }
 
 type delegate struct{ m *Members }
@@ -702,7 +824,7 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	// split, a quick restart) was dropped, and the next push/pull may be far off.
 	e.m.enqueue(outgoing{to: n.Name, msg: e.m.fullLocked(true)})
 	if _, ok := e.m.peers[n.Name]; !ok {
-		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}}
+		e.m.peers[n.Name] = &peer{name: n.Name, mcpAddr: string(n.Meta), holding: map[string]hold{}, copies: map[string]hold{}}
 		e.m.live.Store(int32(len(e.m.peers) + 1))
 		e.m.log.Info("replica joined", "peer", n.Name, "mcp_addr", string(n.Meta))
 		e.m.notifyLocked()
@@ -721,6 +843,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 		delete(e.m.peers, n.Name)
 		e.m.live.Store(int32(len(e.m.peers) + 1))
 		e.m.log.Warn("replica left or died", "peer", n.Name)
+		e.m.checkSyncedLocked() // the full states awaited may have been its
 		e.m.notifyLocked()
 	}
 }
@@ -733,15 +856,16 @@ func (e events) NotifyUpdate(n *memberlist.Node) {
 	}
 }
 
-// broadcast is one replica's change of one cluster; a newer one replaces it in the queue.
+// broadcast is one replica's change of one cluster's holding or copy (key); a newer one of
+// the same key replaces it in the queue.
 type broadcast struct {
-	name, cluster string
-	msg           []byte
+	name, key string
+	msg       []byte
 }
 
 func (b broadcast) Invalidates(o memberlist.Broadcast) bool {
 	ob, ok := o.(broadcast)
-	return ok && ob.name == b.name && ob.cluster == b.cluster
+	return ok && ob.name == b.name && ob.key == b.key
 }
 func (b broadcast) Message() []byte { return b.msg }
 func (b broadcast) Finished()       {}

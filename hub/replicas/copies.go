@@ -1,0 +1,143 @@
+package replicas
+
+import (
+	"context"
+	"sort"
+	"sync"
+
+	"github.com/meshfed/meshfed/hub/replicas/membership"
+)
+
+// Copies and their epochs. Every replica's copy of a cluster is the state of one session of
+// it, named by that session's epoch: the epoch it held the cluster at, or the epoch of the
+// holder it followed, or of the peer's copy it took. The epoch goes to the state file with
+// the copy (Hub.SetClusterEpoch) and to the peers (Members.SetCopy), once the store holds
+// that session's whole state.
+//
+// When a replica holds the cluster, everyone follows it, whatever their copies: the live
+// session is the cluster's state. When none does (the minion is away), the copy of the
+// highest epoch among the live replicas is the newest state of the cluster, and the others
+// take it (their streams declare their versions: only differences come, deletions
+// included). At a tie, a copy restored from a state file yields to a live replica's: the
+// live one was there for whatever that session did after the restarted replica went down.
+//
+// A restored copy (Layer.ClusterRestored) is held back — it counts neither for the warm-up
+// nor as a copy a peer may take — until the membership has heard the full state of every
+// peer it knows (Members.Synced): only then is it known whether a peer has a newer session's
+// state, which must replace it before a sink is served. A replica that knows no peer waits
+// for one, or for its warm-up to end: it cannot tell a group of one from peers it cannot
+// reach yet, and serving an older copy would resurrect what a newer session deleted. It is
+// confirmed when nothing newer exists (ConfirmRestored), or replaced by a follow or a copy.
+// A replica without a copy waits for the same before it takes one, for the same reason. A
+// held cluster does not wait: its holder is followed as soon as it is known.
+
+// ClusterRestored records a copy restored from the state file at epoch: held back until
+// the group is known (see above), so it does not count as synced yet.
+func (l *Layer) ClusterRestored(cluster string, epoch uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.repLocked(cluster)
+	c.epoch, c.restored = epoch, true
+	return false
+}
+
+// advertiseRestored tells the peers the epochs of the copies restored from the state file,
+// as soon as the membership runs: before any minion stream, so that this replica's next
+// session of such a cluster is newer than its copy, and so that the peers know of it.
+func (l *Layer) advertiseRestored(m members) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, c := range l.clusters {
+		if c.restored && c.epoch > 0 {
+			m.SetCopy(name, c.epoch, true)
+		}
+	}
+}
+
+// setEpochLocked records that this replica's copy of cluster is now the state of the
+// session of epoch: in the state file and for the peers. The caller holds l.mu, so that
+// both see the changes in the order they were made.
+func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
+	c.epoch, c.restored = epoch, false
+	l.h.SetClusterEpoch(cluster, epoch)
+	if m := l.members(); m != nil {
+		m.SetCopy(cluster, epoch, false)
+	}
+}
+
+// copyEpoch is the epoch of this replica's copy of cluster that peers may take (0: none
+// known, or not confirmed).
+func (l *Layer) copyEpoch(cluster string) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.clusters[cluster]; c != nil && !c.restored {
+		return c.epoch
+	}
+	return 0
+}
+
+// copyLocked decides how this replica keeps a cluster no replica holds, and reports whether
+// it follows a peer's copy of it. f is the cluster's follow unless retired. The caller
+// holds l.mu.
+func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *follow, wg *sync.WaitGroup) bool {
+	m := l.members()
+	best, from := newestCopies(name, m.Copies(name))
+	mine := c.epoch
+	have := !c.restored && l.h.ClusterSynced(name) // a copy of its own, confirmed
+	switch {
+	case !have && !m.Synced():
+		// What the group has is not known yet: a restored copy waits, and so does a
+		// replica without a copy (the first peer heard from may have an older one than a
+		// peer not heard from yet).
+		l.stopLocked(name, c, "")
+		return false
+	case c.restored && (mine > best || (mine == best && len(from) == 0)):
+		// Nothing newer anywhere (at a tie, only other restored copies: the same session's).
+		l.stopLocked(name, c, "")
+		c.restored = false
+		if l.h.ConfirmRestored(name) {
+			l.log.Info("the copy restored from the state file is the newest the replicas have", "cluster", name, "epoch", mine)
+		}
+		m.SetCopy(name, mine, false)
+		return false
+	case have && mine >= best:
+		// This replica's copy is the newest there is (or as new).
+		if f != nil && f.copy && f.epoch == mine {
+			return true // keeps mirroring the copy it took: a staleness drop there reaches it
+		}
+		l.stopLocked(name, c, "no replica holds it")
+		return false
+	case len(from) > 0:
+		// A newer copy than this replica's (or the only one), confirmed on a peer: take it.
+		if f == nil || !f.copy || f.epoch != best || !samePeers(f.peers, from) {
+			l.stopLocked(name, c, "")
+			c.follow = l.startCopy(ctx, name, best, from, wg)
+		}
+		return true
+	default:
+		// The newest copy is restored on a peer that has not confirmed it yet, or nobody
+		// has one (a fresh group waits for the minions): keep what this replica has.
+		l.stopLocked(name, c, "no replica holds it")
+		return false
+	}
+}
+
+// newestCopies returns the highest epoch among the peers' copies of cluster, and the peers
+// that may give a copy of that epoch (confirmed), in rendezvous order so that replicas
+// starting together ask the same one first.
+func newestCopies(cluster string, copies []membership.Copy) (uint64, []membership.Copy) {
+	var best uint64
+	for _, cp := range copies {
+		best = max(best, cp.Epoch)
+	}
+	var from []membership.Copy
+	for _, cp := range copies {
+		if cp.Epoch == best && !cp.Restored && cp.MCPAddr != "" {
+			from = append(from, cp)
+		}
+	}
+	sort.Slice(from, func(i, j int) bool {
+		return rendezvous(from[i].Replica, "copy/"+cluster) > rendezvous(from[j].Replica, "copy/"+cluster)
+	})
+	return best, from
+}
