@@ -234,17 +234,35 @@ type Hub struct {
 	Name                        string
 	Ingest, Serve, HTTP, Gossip string
 	Pid                         int
-	logPath                     string
-	cmd                         *exec.Cmd
-	done                        chan struct{}
+	// Listening is when the process had reported every address (it serves from then on,
+	// once ready).
+	Listening time.Time
+	logPath   string
+	cmd       *exec.Cmd
+	done      chan struct{}
 }
 
 // StartHub starts replica name joining seeds (gossip addresses). Given prev (an earlier
 // life of the replica), it listens on the same addresses; its state directory is emptied
-// either way when fresh is true.
+// either way when fresh is true (otherwise it restores the clusters' state it kept).
 func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *Hub {
 	w.tb.Helper()
+	return w.startHub(name, prev, fresh, false, seeds)
+}
+
+// StartSingle starts hub name without a replicas section: a single hub, as cmd/hub runs
+// one. prev and fresh are as for StartHub.
+func (w *World) StartSingle(name string, prev *Hub, fresh bool) *Hub {
+	w.tb.Helper()
+	return w.startHub(name, prev, fresh, true, nil)
+}
+
+func (w *World) startHub(name string, prev *Hub, fresh, single bool, seeds []string) *Hub {
+	w.tb.Helper()
 	cfg := w.config(name, prev, seeds)
+	if single {
+		cfg.Replicas = nil
+	}
 	if fresh {
 		_ = os.RemoveAll(cfg.StateDir)
 	}
@@ -305,7 +323,7 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 	w.hubs[name] = h
 	w.mu.Unlock()
 	deadline := time.After(30 * time.Second)
-	for h.Ingest == "" || h.Serve == "" || h.Gossip == "" || h.HTTP == "" {
+	for h.Ingest == "" || h.Serve == "" || (h.Gossip == "" && !single) || h.HTTP == "" {
 		select {
 		case a := <-addrs:
 			switch a[0] {
@@ -326,12 +344,30 @@ func (w *World) StartHub(name string, prev *Hub, fresh bool, seeds ...string) *H
 			w.tb.Fatalf("hub %s did not report its addresses", name)
 		}
 	}
+	h.Listening = time.Now()
 	return h
 }
 
 // Kill sends SIGKILL to the replica's process group and waits for it (nothing if it has
 // already exited: its PID may belong to another process by now).
 func (h *Hub) Kill() { killGroup(h.Pid, h.done) }
+
+// Freeze stops the replica's process (SIGSTOP): it holds its connections and answers
+// nothing, as a replica that hangs does, until Thaw.
+func (h *Hub) Freeze() { signalGroup(h.Pid, h.done, syscall.SIGSTOP) }
+
+// Thaw resumes a frozen replica (SIGCONT).
+func (h *Hub) Thaw() { signalGroup(h.Pid, h.done, syscall.SIGCONT) }
+
+// signalGroup sends sig to process group pid unless done (its PID may be another
+// process's by then).
+func signalGroup(pid int, done <-chan struct{}, sig syscall.Signal) {
+	select {
+	case <-done:
+	default:
+		_ = syscall.Kill(-pid, sig)
+	}
+}
 
 // killGroup sends SIGKILL to process group pid unless done (closed when the process has
 // exited: its PID may belong to another process by then), and waits for done.

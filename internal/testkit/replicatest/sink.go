@@ -30,6 +30,8 @@ type Sink struct {
 
 	mu       sync.Mutex
 	state    map[string]*mcpapi.Resource // name -> resource
+	encoded  map[string][]byte           // name -> the resource's bytes as served
+	sent     map[string]int              // name -> how many times a push carried it
 	removed  []string
 	pushes   int
 	received int          // resources received, all pushes
@@ -49,7 +51,7 @@ func (w *World) StartSink(name string, incremental bool, prefer ...*Hub) *Sink {
 		addrs = append(addrs, h.Serve)
 	}
 	src := w.SinkCert(name)
-	s := &Sink{Name: name, state: map[string]*mcpapi.Resource{}, done: make(chan struct{})}
+	s := &Sink{Name: name, state: map[string]*mcpapi.Resource{}, encoded: map[string][]byte{}, sent: map[string]int{}, done: make(chan struct{})}
 	var first atomic.Bool
 	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{Collection}, Node: &mcppb.SinkNode{Id: name}, FullStateOnly: !incremental,
 		Logger: slog.New(slog.DiscardHandler),
@@ -110,6 +112,7 @@ func (s *Sink) apply(c *mcp.Change, first bool) {
 			if !listed[n] {
 				s.removed = append(s.removed, n)
 				delete(s.state, n)
+				delete(s.encoded, n)
 			}
 		}
 	}
@@ -118,9 +121,13 @@ func (s *Sink) apply(c *mcp.Change, first bool) {
 			s.removed = append(s.removed, n)
 		}
 		delete(s.state, n)
+		delete(s.encoded, n)
 	}
-	for _, r := range c.Resources {
-		s.state[r.GetMetadata().GetName()] = r
+	for i, r := range c.Resources {
+		n := r.GetMetadata().GetName()
+		s.state[n] = r
+		s.encoded[n] = c.Entries[i].Encoded // the bytes as the hub served them
+		s.sent[n]++
 	}
 	if first {
 		s.firstSet += s.viewLocked() + "\n"
@@ -160,6 +167,25 @@ func (s *Sink) Removed() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.removed...)
+}
+
+// Encoded returns the bytes of each resource the sink holds, as the hub served them.
+func (s *Sink) Encoded() map[string][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string][]byte, len(s.encoded))
+	for n, b := range s.encoded {
+		out[n] = b
+	}
+	return out
+}
+
+// Sent returns how many times a push carried resource name (resent, updated or added
+// again after a deletion: each counts).
+func (s *Sink) Sent(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent[name]
 }
 
 // FirstViews returns the view right after the first push of each stream, one per line.
