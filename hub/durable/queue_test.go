@@ -238,9 +238,12 @@ func TestReopenFindsAnotherFile(t *testing.T) {
 			f.set(errors.New("injected"))
 			s.Put("west", vs, "ns/a", entry(t, "ns/a", "1", 10).Encoded)
 			waitFailures(t, s, 1)
+			// Changed while commits still fail: every retry from here reopens first and
+			// finds the change (with the fault lifted first, a retry that had reopened
+			// just before the change could commit into the old file, and none would follow).
 			tc.change(t, path)
-			f.set(nil)
 			testwait.For(t, 10*time.Second, "the reopen's refusal", func() bool { return strings.Contains(s.Stats().LastError, tc.want) })
+			f.set(nil)
 			if err := s.Close(); err == nil || !strings.Contains(err.Error(), "not on disk") {
 				t.Errorf("Close: %v, want the writes not on disk", err)
 			}
