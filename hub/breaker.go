@@ -116,6 +116,9 @@ func (b *heldDeletions) hold(collection, name string, d heldDeletion) {
 }
 
 // unhold forgets a held deletion (the object came back, or left the store another way).
+// A breaker that holds nothing is closed, however its deletions went (re-put, settled,
+// dropped for staleness, removed with a copy): open with nothing held would say nothing
+// true and alert forever.
 func (b *heldDeletions) unhold(collection, name string) {
 	if m := b.names[collection]; m != nil {
 		if _, ok := m[name]; ok {
@@ -124,6 +127,21 @@ func (b *heldDeletions) unhold(collection, name string) {
 			if len(m) == 0 {
 				delete(b.names, collection)
 			}
+			if b.count == 0 {
+				b.open, b.reason = false, ""
+			}
+		}
+	}
+}
+
+// disable closes the breaker of a cluster whose configuration turned it off: what it
+// holds settles at once (the next housekeeping applies it).
+func (b *heldDeletions) disable(now time.Time) {
+	b.open, b.reason = false, ""
+	for _, m := range b.names {
+		for n, hd := range m {
+			hd.until = now
+			m[n] = hd
 		}
 	}
 }
@@ -194,6 +212,7 @@ type breakerGuard struct {
 // breakerVerdict is what the breaker did to one write.
 type breakerVerdict struct {
 	withheld []string // names of the write's deletions held (still served)
+	reload   int      // a reload's re-check: the refusals it held
 	open     bool     // the breaker is open after the write
 	tripped  string   // the write opened it: why
 	closed   bool     // the write closed it (the cluster's state recovered)
@@ -212,18 +231,38 @@ func (d *clusterData) judgeLocked(collection string, put []*resource, removing [
 		for _, n := range removing {
 			b.unhold(collection, n)
 		}
+		if g != nil && b.count > 0 {
+			b.disable(g.now)
+		}
 		v.open, v.count = b.open, b.count
 		return removing, v
 	}
 	v.closed = b.recover(d.colls, g)
 	var fresh []string
 	for _, n := range removing {
-		if b.holds(collection, n) {
+		hd, held := b.names[collection][n]
+		switch {
+		case held && hd.byReload:
+			// The cluster deletes what a reload's ownership withheld: it is the cluster's
+			// deletion now, which a reload allowing the object again must not undo.
+			hd.byReload = false
+			b.names[collection][n] = hd
 			v.withheld = append(v.withheld, n)
-		} else {
+		case held:
+			v.withheld = append(v.withheld, n)
+		default:
 			fresh = append(fresh, n)
 		}
 	}
+	// A rename (as many new names as old ones withdrawn) withdraws nothing that is
+	// served: what counts is the write's net withdrawal.
+	added := 0
+	for _, r := range put {
+		if d.colls[collection][r.name] == nil {
+			added++
+		}
+	}
+	net := max(len(fresh)-added, 0)
 	switch {
 	case len(fresh) == 0:
 	case b.open:
@@ -231,7 +270,7 @@ func (d *clusterData) judgeLocked(collection string, put []*resource, removing [
 			b.hold(collection, n, heldDeletion{})
 		}
 		v.withheld = append(v.withheld, fresh...)
-	case float64(len(b.names[collection])+len(fresh)) > g.cfg.MaxDeleteShare*float64(len(d.colls[collection])) &&
+	case float64(len(b.names[collection])+net) > g.cfg.MaxDeleteShare*float64(len(d.colls[collection])) &&
 		served(d.colls) >= g.cfg.MinDeletes: // a cluster serving fewer could never open it
 		for _, n := range fresh {
 			b.hold(collection, n, heldDeletion{until: g.now.Add(g.cfg.Settle.Duration)})

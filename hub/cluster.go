@@ -179,8 +179,9 @@ func (cs *clusterState) hasRejections() bool {
 // minion whose old stream is not yet seen dead must not wait for it; two peers with one
 // cluster's certificate alternate, each taking the whole state, and say so in the log).
 // A peer that resumes (a minion) takes over here, before its stream declares what the hub
-// holds; one that does not (Istio's source) at its first push, which is its full state
-// (see takeOverLocked): it opens a stream without pushing to probe a collection it may not
+// holds, and so does a stream the hub dials; a peer dialing in that does not resume
+// (Istio's source) takes over at its first push, which is its full state (see
+// takeOverLocked): it opens a stream without pushing to probe a collection it may not
 // serve, and that must not end the stream that serves the rest.
 func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 	cs := s.cs
@@ -195,7 +196,9 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		return
 	}
 	s.info = info
-	if s.own && info.PeerResumes() {
+	// A stream the hub dials (poll) declares the hub's versions with its first request,
+	// before the peer's header says whether it resumes: it takes over here too.
+	if s.own && (info.PeerResumes() || info.Transport == "client") {
 		defer h.takeOverLocked(s)()
 	}
 	cs.sessions[s] = true
@@ -384,6 +387,7 @@ func (h *Hub) expireStale() {
 		if err != nil {
 			continue // removed meanwhile: nothing of it is served any more
 		}
+		h.breakerRefresh(cs) // the deletions it held may have gone with them
 		cs.mu.Lock()
 		if !cs.removed {
 			cs.log.Warn("cluster disconnected for longer than its staleness TTL; its resources are no longer served",

@@ -365,6 +365,7 @@ func (h *Hub) housekeeping(ctx context.Context) {
 	defer warm.Stop()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	ticks := 0
 	h.checkReady()
 	for {
 		select {
@@ -377,7 +378,9 @@ func (h *Hub) housekeeping(ctx context.Context) {
 			h.setReady("warm-up timeout")
 		case <-tick.C:
 			h.expireStale()
-			h.saveContacts()
+			if ticks++; ticks%10 == 0 {
+				h.saveContacts()
+			}
 			h.settleBreakers()
 		}
 	}

@@ -67,21 +67,34 @@ func (h *Hub) openState() error {
 			h.log.Info("state file: a cluster no longer configured is forgotten", "cluster", name)
 			continue
 		}
-		n, refused, present := h.restoreCluster(name, c)
+		n, refused, present := h.restoreCluster(name, c, st)
 		h.log.Info("cluster restored from the state file: served until its own session replaces it",
 			"cluster", name, "resources", n, "refused", refused, "last_contact", c.LastContact, "synced", c.Synced, "epoch", c.Epoch,
 			"counts_as_synced", present)
 	}
+	// Ownership as a reload re-checks it: what the configuration no longer allows is
+	// withdrawn, and forgotten by the file too, unless that would exceed a cluster's
+	// breaker (an ownership typo arriving with a restart, as a ConfigMap change usually
+	// does, is held like one arriving by a reload).
+	refused, _ := h.recheckOwnership(h.current().comp, "the configuration the hub started with")
+	for cluster, rs := range refused {
+		for _, r := range rs {
+			st.Remove(cluster, r.collection, r.name)
+		}
+	}
 	h.state.Store(st) // written from here on: restoring wrote nothing back
+	h.expireStale()   // what was already past its TTL is never served
 	h.checkReady()
 	return nil
 }
 
-// restoreCluster puts c's resources into the store as cluster's (those the current
-// ownership allows), and its last contact, sync state and epoch into the cluster's state,
-// as if its last session had just ended at its last contact. A whole state counts as
+// restoreCluster puts c's resources into the store as cluster's, and its last contact,
+// sync state and epoch into the cluster's state, as if its last session had just ended at
+// its last contact. Records that no longer pass ingest's checks (the kinds, the size a sink
+// can receive), and collections the hub no longer asks the cluster for, are refused and
+// removed from st; ownership is re-checked after (openState). A whole state counts as
 // synced if the layer says so (present).
-func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused int, present bool) {
+func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store) (restored, refused int, present bool) {
 	cs := h.cluster(name)
 	comp := h.current().comp
 	rejections := map[string]map[string]string{}
@@ -90,9 +103,14 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused
 		colls = append(colls, coll)
 	}
 	sort.Strings(colls)
+	asked := comp.collections(name)
 	for _, coll := range colls {
-		if !slices.Contains(h.cfg.Collections, coll) {
-			continue // no longer served
+		if !slices.Contains(asked, coll) {
+			// Never updated nor deleted by the cluster's source again.
+			for n := range c.Collections[coll] {
+				st.Remove(name, coll, n)
+			}
+			continue
 		}
 		var put []*resource
 		for _, e := range c.Collections[coll] {
@@ -103,6 +121,7 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster) (restored, refused
 				}
 				rejections[coll][e.Name] = err.Error()
 				refused++
+				st.Remove(name, coll, e.Name)
 				continue
 			}
 			put = append(put, res)
@@ -170,20 +189,25 @@ func (h *Hub) SetClusterEpoch(cluster string, epoch uint64) {
 }
 
 // restoredResource rebuilds a stored resource from its entry as received, through the
-// current ownership.
+// checks ingest makes of a resource but ownership (the kinds and maxMessageSize may have
+// changed with the restart).
 func restoredResource(comp *compiled, cluster, collection string, e *mcp.Entry) (*resource, error) {
 	r := &mcpapi.Resource{}
 	if err := proto.Unmarshal(e.Encoded, r); err != nil {
 		return nil, err
 	}
-	hosts, err := acl.Hosts(collection, r.GetBody().GetValue())
-	if err == nil {
-		err = comp.policy.Check(cluster, acl.Object{Collection: collection, Name: e.Name, Hosts: hosts})
+	if err := comp.kindTable.Check(collection, r); err != nil {
+		return nil, err
 	}
+	hosts, err := acl.Hosts(collection, r.GetBody().GetValue())
 	if err != nil {
 		return nil, err
 	}
-	return newResource(cluster, collection, e, r, hosts)
+	res, err := newResource(cluster, collection, e, r, hosts)
+	if err == nil && len(res.served.Encoded) > comp.quotaFor(cluster).q.MaxObjectBytes {
+		err = fmt.Errorf("%s is %d bytes as served, more than maxObjectBytes", e.Name, len(res.served.Encoded))
+	}
+	return res, err
 }
 
 // stateChanged is the store's report of each change of a cluster's resources: written to
@@ -214,7 +238,7 @@ func (h *Hub) saveMetaLocked(cs *clusterState) {
 }
 
 // saveContacts refreshes the last contact of the connected clusters in the state file
-// (housekeeping, every second).
+// (housekeeping, every 10 s: a crash counts staleness from at most that much earlier).
 func (h *Hub) saveContacts() {
 	if h.state.Load() == nil {
 		return

@@ -79,35 +79,10 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		}
 	}
 
-	// Ownership: re-check what is stored.
-	now := h.now()
-	refused, held := h.store.recheck(func(r *resource) error {
-		return comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts})
-	}, func(cluster string) *breakerGuard {
-		return &breakerGuard{cfg: comp.breakerFor(cluster), now: now}
-	})
-	for cluster, v := range held {
-		if cs := h.cluster(cluster); cs != nil {
-			h.breakerChanged(cs, "", v)
-			res.Held += v.count
-		}
-	}
-	for cluster, rs := range refused {
+	refused, held := h.recheckOwnership(comp, "a configuration reload")
+	res.Held = held
+	for _, rs := range refused {
 		res.Refused += len(rs)
-		if cs := h.cluster(cluster); cs != nil {
-			cs.mu.Lock()
-			if cs.rejections == nil {
-				cs.rejections = map[string]map[string]string{}
-			}
-			for _, r := range rs {
-				if cs.rejections[r.collection] == nil {
-					cs.rejections[r.collection] = map[string]string{}
-				}
-				cs.rejections[r.collection][r.name] = r.reason
-			}
-			cs.mu.Unlock()
-			cs.log.Warn("reload: stored resources no longer allowed; not served any more", "count", len(rs))
-		}
 	}
 	// A cluster whose configuration changed reconnects under the new one; after a change of
 	// ownership, so does one with standing refusals, which its minion does not resend
@@ -135,6 +110,46 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	h.log.Info("configuration reloaded", "refused", res.Refused, "held_by_breaker", res.Held, "closed_ingest_streams", res.ClosedIngest, "closed_sink_streams", res.ClosedSinks)
 	h.checkReady() // a removed cluster is no longer waited for
 	return res, nil
+}
+
+// recheckOwnership re-checks every stored resource against comp's ownership (a reload, or
+// the restored state against the configuration at start, which cause names): those it no
+// longer allows are withdrawn and recorded as the cluster's rejections, unless withdrawing
+// them would exceed the cluster's breaker, which then holds them (served). It returns the
+// withdrawn ones by cluster and how many were held.
+func (h *Hub) recheckOwnership(comp *compiled, cause string) (map[string][]refusal, int) {
+	now := h.now()
+	refused, verdicts := h.store.recheck(func(r *resource) error {
+		return comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts})
+	}, func(cluster string) *breakerGuard {
+		return &breakerGuard{cfg: comp.breakerFor(cluster), now: now}
+	}, cause)
+	held := 0
+	for cluster, v := range verdicts {
+		if cs := h.cluster(cluster); cs != nil {
+			h.breakerChanged(cs, "", v)
+			held += v.reload
+		}
+	}
+	for cluster, rs := range refused {
+		cs := h.cluster(cluster)
+		if cs == nil {
+			continue
+		}
+		cs.mu.Lock()
+		if cs.rejections == nil {
+			cs.rejections = map[string]map[string]string{}
+		}
+		for _, r := range rs {
+			if cs.rejections[r.collection] == nil {
+				cs.rejections[r.collection] = map[string]string{}
+			}
+			cs.rejections[r.collection][r.name] = r.reason
+		}
+		cs.mu.Unlock()
+		cs.log.Warn(cause+": stored resources no longer allowed; not served any more", "count", len(rs))
+	}
+	return refused, held
 }
 
 // RunWithReload runs the hub and follows its configuration file, path: a valid change is

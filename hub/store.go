@@ -386,7 +386,7 @@ type refusal struct {
 // returns them by cluster. Views drop them like any removal. guard gives each cluster's
 // breaker limits: a cluster whose refusals exceed them keeps them served, held (the
 // verdict says so), and held ones that check allows again are no longer held.
-func (s *store) recheck(check func(*resource) error, guard func(cluster string) *breakerGuard) (map[string][]refusal, map[string]breakerVerdict) {
+func (s *store) recheck(check func(*resource) error, guard func(cluster string) *breakerGuard, cause string) (map[string][]refusal, map[string]breakerVerdict) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string][]refusal{}
@@ -410,20 +410,26 @@ func (s *store) recheck(check func(*resource) error, guard func(cluster string) 
 			}
 		}
 		g := guard(cluster)
+		if g != nil && g.cfg.Disabled && b.count > 0 {
+			b.disable(g.now)
+			verdicts[cluster] = breakerVerdict{closed: true, count: b.count}
+		}
 		if g != nil && b.recover(d.colls, g) {
 			verdicts[cluster] = breakerVerdict{closed: true, count: b.count}
 		}
 		if g != nil && !g.cfg.Disabled && len(refused) > 0 {
+			n := 0
 			for coll, rs := range refused {
 				for _, r := range rs {
 					b.hold(coll, r.name, heldDeletion{byReload: true})
+					n++
 				}
 			}
-			v := breakerVerdict{}
+			v := breakerVerdict{reload: n}
 			switch why := b.exceeded(d.colls, g.cfg); {
 			case b.open:
 			case why != "":
-				v.tripped = "a configuration reload would withdraw what it owns: " + why
+				v.tripped = cause + " would withdraw what it owns: " + why
 				b.trip(v.tripped, g.now)
 			default:
 				for coll, rs := range refused {

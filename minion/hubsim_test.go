@@ -38,10 +38,10 @@ type hubSim struct {
 	reject  func(collection string, r *mcpapi.Resource) string
 	// hold, when set, decides per removal whether to hold it (the hub's breaker: the
 	// resource stays, and the push is NACKed with the held deletions marked).
-	hold func(collection, name string) string
-	stop    func()
-	creds   credentials.TransportCredentials // nil: plaintext
-	peers   []string                         // client certificate common names, when TLS
+	hold  func(collection, name string) string
+	stop  func()
+	creds credentials.TransportCredentials // nil: plaintext
+	peers []string                         // client certificate common names, when TLS
 }
 
 func startHubSim(t testing.TB, collections ...string) *hubSim {

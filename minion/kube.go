@@ -257,7 +257,11 @@ func (s *KubeSource) warnOnce(u runtime.Object, key, reason, msg string) {
 	s.reported[key] = reason + "\x00" + msg
 	rec := s.recorder
 	s.mu.Unlock()
-	s.log.Warn("object not published", "object", key, "reason", reason, "message", msg)
+	what := "object not published"
+	if reason == ReasonDeletionHeldByHub {
+		what = "object deleted here, but the hub holds the deletion and still serves it"
+	}
+	s.log.Warn(what, "object", key, "reason", reason, "message", msg)
 	if rec != nil {
 		rec.Event(u, corev1.EventTypeWarning, reason, msg)
 	}
