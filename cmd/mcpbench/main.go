@@ -4,13 +4,18 @@
 //     full-state sinks, against raw gRPC sending the same bytes;
 //   - the minion: conversion throughput against a bare strict decode + marshal, and the
 //     initial sync of 10,000 objects from a real kube-apiserver to a connected sink (time and
-//     heap) against one paged LIST of the same objects.
+//     heap) against one paged LIST of the same objects;
+//   - the hub (-hub-rows selects rows): fan-out against bare gRPC, CPU per change by stored
+//     resources, idle sink memory, end-to-end latency, and its safety rows: a cluster's
+//     latency with another flooding at its push quota against the same with it idle, and the
+//     heap with a sink that never ACKs against one that does.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -30,7 +35,27 @@ func main() {
 	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
 	hubResources := flag.String("hub-resources", "1000,100000,1000000", "stored resources of the hub CPU-per-change rows")
 	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
+	hubRows := flag.String("hub-rows", "fanout,store,idle,latency,neighbour,stalled", "rows of the hub table to run")
+	var safety safetyFlags
+	flag.IntVar(&safety.sinks, "neighbour-sinks", 100, "sinks of the noisy-neighbour rows")
+	flag.IntVar(&safety.changes, "neighbour-changes", 1000, "cluster B's changes measured per condition (A idle, A flooding)")
+	flag.IntVar(&safety.rounds, "neighbour-rounds", 10, "rounds alternating A idle and A flooding")
+	flag.Float64Var(&safety.rate, "neighbour-rate", 100, "cluster A's pushesPerSecond quota in the noisy-neighbour rows")
+	flag.IntVar(&safety.burst, "neighbour-burst", 300, "cluster A's pushBurst quota in the noisy-neighbour rows")
+	flag.IntVar(&safety.stalledChanges, "stalled-changes", 10000, "changes of the stalled-sink row")
+	flag.IntVar(&safety.stalledResources, "stalled-resources", 1000, "resources in the stalled-sink row's collection")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail("cpuprofile", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail("cpuprofile", err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	if *only == "" || *only == "engine" {
 		engineTable(*changes, *resources, *size)
 	}
@@ -38,7 +63,16 @@ func main() {
 		minionTable(*kubeObjects)
 	}
 	if *only == "" || *only == "hub" {
-		hubTable(ints(*hubSinks), ints(*hubResources), *resources, *size)
+		rows := map[string]bool{}
+		for _, r := range strings.Split(*hubRows, ",") {
+			switch r = strings.TrimSpace(r); r {
+			case "fanout", "store", "idle", "latency", "neighbour", "stalled":
+				rows[r] = true
+			default:
+				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, idle, latency, neighbour, stalled)", r))
+			}
+		}
+		hubTable(rows, ints(*hubSinks), ints(*hubResources), *resources, *size, safety)
 	}
 	if *only == "" || *only == "replicas" {
 		replicaTable(*replicaSinks, *replicaChanges)
@@ -89,10 +123,23 @@ func ints(s string) []int {
 	return out
 }
 
-func hubTable(sinks, stored []int, resources, size int) {
+// safetyFlags size the hub's safety rows (issue 14).
+type safetyFlags struct {
+	sinks, changes, rounds, burst    int
+	rate                             float64
+	stalledChanges, stalledResources int
+}
+
+func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, safety safetyFlags) {
 	fmt.Println()
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "hub scenario\thub\tbaseline\tratio\tnotes\t")
+	if !rows["fanout"] {
+		sinks = nil
+	}
+	if !rows["store"] {
+		stored = nil
+	}
 	for _, n := range sinks {
 		changes := 50
 		if n >= 10000 {
@@ -125,18 +172,51 @@ func hubTable(sinks, stored []int, resources, size int) {
 			fmt.Fprintf(w, "memory per 100k resources (MiB)\t%.0f\t-\t-\treceived + served forms, index, one view (%d B bodies)\t\n", r.HeapMiB, size)
 		}
 	}
-	idle, err := bench.IdleSinks(1000)
-	if err != nil {
-		fail("idle sinks", err)
+	if rows["idle"] {
+		idle, err := bench.IdleSinks(1000)
+		if err != nil {
+			fail("idle sinks", err)
+		}
+		fmt.Fprintf(w, "idle sink memory (KiB per sink, 1000 sinks)\t%.1f\t%.1f\t%.2f\tboth include the clients' side, in this process; baseline: bare gRPC stream holding one push\t\n",
+			idle.PerSinkKiB, idle.BaselineKiB, idle.PerSinkKiB/idle.BaselineKiB)
 	}
-	fmt.Fprintf(w, "idle sink memory (KiB per sink, 1000 sinks)\t%.1f\t%.1f\t%.2f\tboth include the clients' side, in this process; baseline: bare gRPC stream holding one push\t\n",
-		idle.PerSinkKiB, idle.BaselineKiB, idle.PerSinkKiB/idle.BaselineKiB)
-	lat, err := bench.HubLatency(100, 1000, 50)
-	if err != nil {
-		fail("latency", err)
+	if rows["latency"] {
+		lat, err := bench.HubLatency(100, 1000, 50)
+		if err != nil {
+			fail("latency", err)
+		}
+		fmt.Fprintf(w, "minion -> hub -> sink latency, 100 clusters, 1000 sinks\tp50 %v\tp99 %v\t-\tmax %v over %d changes x %d sinks\t\n",
+			lat.P50.Round(100*time.Microsecond), lat.P99.Round(100*time.Microsecond), lat.Max.Round(100*time.Microsecond), lat.Changes, lat.Sinks)
 	}
-	fmt.Fprintf(w, "minion -> hub -> sink latency, 100 clusters, 1000 sinks\tp50 %v\tp99 %v\t-\tmax %v over %d changes x %d sinks\t\n",
-		lat.P50.Round(100*time.Microsecond), lat.P99.Round(100*time.Microsecond), lat.Max.Round(100*time.Microsecond), lat.Changes, lat.Sinks)
+	if rows["neighbour"] {
+		cfg := bench.NeighbourConfig{Sinks: safety.sinks, Changes: safety.changes, Rounds: safety.rounds, Resources: 100, Size: size,
+			PushesPerSecond: safety.rate, PushBurst: safety.burst, Gap: 20 * time.Millisecond}
+		r, err := bench.NoisyNeighbour(cfg)
+		if err != nil {
+			fail("noisy neighbour", err)
+		}
+		us := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+		fmt.Fprintf(w, "cluster B -> %d sinks p99, A flooding at its quota (%.0f/s, burst %d)\t%v\t%v\t%.2f\ttarget <= 1.20; baseline: A idle, same run (%d rounds alternating); max %v vs %v; A achieved %.1f pushes/s, %.2f changes/push, over %.1f s; process CPU %.2f vs %.2f cores\t\n",
+			cfg.Sinks, cfg.PushesPerSecond, cfg.PushBurst, us(r.Flood.P99), us(r.Idle.P99), float64(r.Flood.P99)/float64(r.Idle.P99),
+			cfg.Rounds, us(r.Flood.Max), us(r.Idle.Max), r.APushesPerSec, r.AChangesPerPush, r.FloodSeconds, r.Flood.Cores, r.Idle.Cores)
+		fmt.Fprintf(w, "cluster B -> %d sinks p50, A flooding at its quota\t%v\t%v\t%.2f\t%d changes of B x %d sinks per condition, %v apart\t\n",
+			cfg.Sinks, us(r.Flood.P50), us(r.Idle.P50), float64(r.Flood.P50)/float64(r.Idle.P50), r.Idle.N/cfg.Sinks, cfg.Sinks, cfg.Gap)
+		fmt.Fprintf(w, "cluster B push -> hub ACK p99, A flooding at its quota\t%v\t%v\t%.2f\tB's ingest (ACL, store, merge, view) as its source sees it; p50 %v vs %v\t\n",
+			us(r.Flood.Ingest.P99), us(r.Idle.Ingest.P99), float64(r.Flood.Ingest.P99)/float64(r.Idle.Ingest.P99), us(r.Flood.Ingest.P50), us(r.Idle.Ingest.P50))
+		fmt.Fprintf(w, "  B's receipts behind a push of A's to the same sink, p99\t%v\t%v\t%.2f\t%.1f%% of B's receipts under the flood (p50 %v): a push of A's reached that sink after B's change was made (at most these waited for it); baseline: B's other receipts under the flood (p50 %v; vs A idle: p99 %.2fx)\t\n",
+			us(r.Flood.Behind.P99), us(r.Flood.Clear.P99), float64(r.Flood.Behind.P99)/float64(max(r.Flood.Clear.P99, 1)),
+			100*float64(r.Flood.Behind.N)/float64(max(r.Flood.N, 1)), us(r.Flood.Behind.P50), us(r.Flood.Clear.P50), float64(r.Flood.Clear.P99)/float64(r.Idle.P99))
+	}
+	if rows["stalled"] {
+		cfg := bench.StalledConfig{Resources: safety.stalledResources, Size: size, Early: 100, Changes: safety.stalledChanges}
+		r, err := bench.StalledSink(cfg)
+		if err != nil {
+			fail("stalled sink", err)
+		}
+		fmt.Fprintf(w, "heap after %d changes, a sink that never ACKs (MiB)\t%.2f\t%.2f\t%.2f\tbaseline: a sink that ACKs, same run; after %d changes %.2f vs %.2f, so %+.2f vs %+.2f MiB over the next %d; %d resources, process heap after GC\t\n",
+			cfg.Changes, r.StalledLateMiB, r.AckingLateMiB, r.StalledLateMiB/r.AckingLateMiB, cfg.Early, r.StalledEarlyMiB, r.AckingEarlyMiB,
+			r.StalledLateMiB-r.StalledEarlyMiB, r.AckingLateMiB-r.AckingEarlyMiB, cfg.Changes-cfg.Early, cfg.Resources)
+	}
 	w.Flush()
 }
 
