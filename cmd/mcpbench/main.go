@@ -21,6 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/testkit/bench"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 )
@@ -35,7 +36,7 @@ func main() {
 	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
 	hubResources := flag.String("hub-resources", "1000,100000,1000000", "stored resources of the hub CPU-per-change rows")
 	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
-	hubRows := flag.String("hub-rows", "fanout,store,idle,latency,neighbour,stalled", "rows of the hub table to run")
+	hubRows := flag.String("hub-rows", "fanout,store,persist,idle,latency,neighbour,stalled", "rows of the hub table to run")
 	var safety safetyFlags
 	flag.IntVar(&safety.sinks, "neighbour-sinks", 100, "sinks of the noisy-neighbour rows")
 	flag.IntVar(&safety.changes, "neighbour-changes", 1000, "cluster B's changes measured per condition (A idle, A flooding)")
@@ -66,10 +67,10 @@ func main() {
 		rows := map[string]bool{}
 		for _, r := range strings.Split(*hubRows, ",") {
 			switch r = strings.TrimSpace(r); r {
-			case "fanout", "store", "idle", "latency", "neighbour", "stalled":
+			case "fanout", "store", "persist", "idle", "latency", "neighbour", "stalled":
 				rows[r] = true
 			default:
-				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, idle, latency, neighbour, stalled)", r))
+				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, persist, idle, latency, neighbour, stalled)", r))
 			}
 		}
 		hubTable(rows, ints(*hubSinks), ints(*hubResources), *resources, *size, safety)
@@ -159,7 +160,7 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 	}
 	var first time.Duration
 	for _, n := range stored {
-		r, err := bench.HubStore(n, 2000, size)
+		r, err := bench.HubStore(n, 2000, size, nil)
 		if err != nil {
 			fail("hub store", err)
 		}
@@ -171,6 +172,19 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 		if n == 100000 {
 			fmt.Fprintf(w, "memory per 100k resources (MiB)\t%.0f\t-\t-\treceived + served forms, index, one view (%d B bodies)\t\n", r.HeapMiB, size)
 		}
+	}
+	if rows["persist"] {
+		// The state file's cost on the push path: the same changes with it and without.
+		off, err := bench.HubStore(1000, 2000, size, func(c *hub.Config) { c.Persist = false })
+		if err != nil {
+			fail("hub store, persist off", err)
+		}
+		on, err := bench.HubStore(1000, 2000, size, nil)
+		if err != nil {
+			fail("hub store, persist on", err)
+		}
+		fmt.Fprintf(w, "CPU per change, state kept on disk (1000 resources)\t%v\t%v\t%.2f\tbaseline: persist off, same run; %.0f vs %.0f allocs/change; includes the writer's commits\t\n",
+			on.CPUPerChange.Round(100*time.Nanosecond), off.CPUPerChange.Round(100*time.Nanosecond), float64(on.CPUPerChange)/float64(off.CPUPerChange), on.AllocsPerChange, off.AllocsPerChange)
 	}
 	if rows["idle"] {
 		idle, err := bench.IdleSinks(1000)

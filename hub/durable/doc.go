@@ -31,8 +31,11 @@
 // (cluster/collection/name, a cluster's metadata, a cluster's drop): a later write of a key
 // replaces the earlier one (coalescing). The writer takes the whole batch in O(1) — cutting
 // the sequence of calls at that point — commits it in one bbolt transaction (bbolt's two
-// fsyncs), and then takes what arrived meanwhile: batches grow with the load by themselves,
-// with no timer.
+// fsyncs), and then takes what arrived meanwhile, starting at most one commit every
+// CommitInterval (10 ms): a change after a quiet spell is committed at once, and under a
+// steady stream each commit carries what arrived in that time (measured with the hub's
+// bench: CPU per change 1.07–1.17× the same hub without the file, against 1.6–2.0× with a
+// commit per change).
 //
 // Guarantees:
 //
@@ -46,8 +49,8 @@
 //   - Crash safety. A crash (or SIGKILL) at any moment leaves the file at the last committed
 //     batch: bbolt's copy-on-write pages and its meta page, written and fsynced after them,
 //     switch the file from one state to the next atomically. What was enqueued after that
-//     batch is lost; the writer commits continuously, so that is the last milliseconds
-//     under load (a quiet commit takes about a millisecond here).
+//     batch is lost; the writer commits continuously, so that is at most CommitInterval
+//     plus a commit under load (a quiet commit takes about a millisecond here).
 //   - Durability on request. Flush returns once everything enqueued before it is on disk.
 //   - The caller never waits for the disk, and never sees a write error.
 //   - Bounded memory. The batch holds at most one entry per key (its bytes are the caller's,

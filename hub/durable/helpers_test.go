@@ -36,6 +36,7 @@ func testConfig() config {
 	c := defaultConfig()
 	c.lockTimeout = 300 * time.Millisecond
 	c.retryMin, c.retryMax = 5*time.Millisecond, 40*time.Millisecond
+	c.commitInterval = 0 // each test decides what a batch holds
 	return c
 }
 

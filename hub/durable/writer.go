@@ -14,7 +14,7 @@ import (
 
 // run is the writer goroutine. It takes the whole pending batch (cutting the call sequence
 // at one point), commits it in one bbolt transaction (its fsyncs), and goes on with what was
-// enqueued meanwhile: batches grow with the load by themselves, with no timer. A batch that
+// enqueued meanwhile, at most one commit per commitInterval: batches grow with the load. A batch that
 // fails to commit is put back under what was enqueued since (the newer writes win) and
 // retried with backoff, the file reopened first; the callers never see any of it.
 func (s *Store) run() {
@@ -76,6 +76,14 @@ func (s *Store) run() {
 			backoff = 0
 			if closing {
 				return
+			}
+			if wait := s.cfg.commitInterval - took; wait > 0 && n > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-s.stop:
+					t.Stop()
+				}
 			}
 			continue
 		}

@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
+	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/mcp"
@@ -68,7 +68,13 @@ func Resource(i, v, size int) *mcpapi.Resource {
 	for j := range pad {
 		pad[j] = 'a' + byte((i+j)%26)
 	}
-	body, _ := anypb.New(wrapperspb.String(string(pad)))
+	// A Struct: what a kind without an Istio message (the bench's) carries, and what the
+	// hub's ingest checks such a kind's bodies are.
+	spec, err := structpb.NewStruct(map[string]any{"spec": string(pad)})
+	if err != nil {
+		panic(err) // a string always converts
+	}
+	body, _ := anypb.New(spec)
 	return &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: fmt.Sprintf("bench/r%06d", i), Version: strconv.Itoa(v)}, Body: body}
 }
 

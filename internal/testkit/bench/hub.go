@@ -38,7 +38,11 @@ type benchHub struct {
 	dir    string // its state directory, removed at stop
 }
 
-func startHub(clusters int) (*benchHub, error) {
+// startHub runs a hub for the bench kind with clusters c000.. (disjoint namespaces when
+// several), adjusted by tune (nil: none) before it starts, in a state directory of its own:
+// the hub keeps the clusters' state, as it does by default (what that costs is in every
+// row), and a run must neither find the previous run's state nor leave its own behind.
+func startHub(clusters int, tune func(*hub.Config)) (*benchHub, error) {
 	cfg := hub.Defaults()
 	cfg.Insecure, cfg.Ingest, cfg.Serve, cfg.Collections = true, "127.0.0.1:0", "127.0.0.1:0", []string{hubCollection}
 	cfg.Kinds = []kinds.Kind{{Collection: hubCollection, Group: "bench.meshfed.io", Version: "v1", Resource: "resources", Kind: "Resource"}}
@@ -49,15 +53,16 @@ func startHub(clusters int) (*benchHub, error) {
 	// to incremental sinks in split pushes) and speed, not the quotas.
 	cfg.Quotas = hub.QuotaConfig{MaxCollectionBytes: -1}
 	for i := range clusters {
-		name := fmt.Sprintf("c%03d", i)
+		name := clusterName(i)
 		ns := "*"
 		if clusters > 1 {
 			ns = name // disjoint namespaces
 		}
 		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: name, Identities: []string{name}, Namespaces: []string{ns}, Hosts: []string{"*"}})
 	}
-	// The hub keeps its clusters' state on disk, as it does by default: what it costs is
-	// in every row.
+	if tune != nil {
+		tune(cfg)
+	}
 	dir, err := os.MkdirTemp("", "meshfed-bench-hub-")
 	if err != nil {
 		return nil, err
@@ -89,6 +94,8 @@ func startHub(clusters int) (*benchHub, error) {
 	}
 	return b, nil
 }
+
+func clusterName(i int) string { return fmt.Sprintf("c%03d", i) }
 
 func (b *benchHub) stop() { b.cancel(); <-b.done; os.RemoveAll(b.dir) }
 
@@ -133,7 +140,7 @@ func (b *benchHub) waitReady() error {
 // ACKing), per change: the minion → hub push and ACK, the ACL, the merge, one view update
 // and the fan-out. Compare with BaselineFanout for the same cfg.
 func HubFanout(cfg FanoutConfig) (Result, error) {
-	b, err := startHub(1)
+	b, err := startHub(1, nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -193,8 +200,8 @@ type StoreResult struct {
 
 // HubStore loads n resources into a hub (through Hub.Apply, in batches) with one sink
 // connected, then measures changes of one resource.
-func HubStore(n, changes, size int) (StoreResult, error) {
-	b, err := startHub(1)
+func HubStore(n, changes, size int, tune func(*hub.Config)) (StoreResult, error) {
+	b, err := startHub(1, tune)
 	if err != nil {
 		return StoreResult{}, err
 	}
@@ -338,7 +345,7 @@ func IdleSinks(n int) (IdleResult, error) {
 		return per, func() { cancel(); wait() }, nil
 	}
 
-	b, err := startHub(1)
+	b, err := startHub(1, nil)
 	if err != nil {
 		return res, err
 	}
@@ -410,7 +417,7 @@ type LatencyResult struct {
 // at the cluster's cache to the sink receiving it.
 func HubLatency(clusters, sinks, changes int) (LatencyResult, error) {
 	res := LatencyResult{Clusters: clusters, Sinks: sinks, Changes: changes}
-	b, err := startHub(clusters)
+	b, err := startHub(clusters, nil)
 	if err != nil {
 		return res, err
 	}

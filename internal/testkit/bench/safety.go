@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -21,87 +20,12 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/mcp"
-	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
-	"github.com/meshfed/meshfed/routing"
 )
 
 // The hub's safety scenarios (issue 14): a cluster flooding at its push quota next to a
 // quiet one, and a sink that never ACKs. Each is measured against a baseline in the same
 // run.
-
-// tempHub is a benchHub whose state directory is its own, removed when it stops.
-type tempHub struct {
-	*benchHub
-	dir string
-}
-
-func (t *tempHub) stop() {
-	t.benchHub.stop()
-	os.RemoveAll(t.dir)
-}
-
-// startHubWith is startHub with the configuration adjusted by tune before the hub starts,
-// and a state directory of its own: the hub persists the clusters' state (the default),
-// and a run must neither find the previous run's state nor leave its own behind.
-func startHubWith(clusters int, tune func(*hub.Config)) (*tempHub, error) {
-	dir, err := os.MkdirTemp("", "mcpbench-hub-")
-	if err != nil {
-		return nil, err
-	}
-	t, err := startHubIn(dir, clusters, tune)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return &tempHub{benchHub: t, dir: dir}, nil
-}
-
-func startHubIn(stateDir string, clusters int, tune func(*hub.Config)) (*benchHub, error) {
-	cfg := hub.Defaults()
-	cfg.StateDir = stateDir
-	cfg.Insecure, cfg.Ingest, cfg.Serve, cfg.Collections = true, "127.0.0.1:0", "127.0.0.1:0", []string{hubCollection}
-	cfg.Kinds = []kinds.Kind{{Collection: hubCollection, Group: "bench.meshfed.io", Version: "v1", Resource: "resources", Kind: "Resource"}}
-	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
-	cfg.WarmUp = hub.Duration{Duration: time.Minute}
-	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}
-	for i := range clusters {
-		name := clusterName(i)
-		ns := "*"
-		if clusters > 1 {
-			ns = name // disjoint namespaces
-		}
-		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: name, Identities: []string{name}, Namespaces: []string{ns}, Hosts: []string{"*"}})
-	}
-	if tune != nil {
-		tune(cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	h, err := hub.New(cfg, quietLogger(), hub.Options{})
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &benchHub{h: h, cancel: cancel, done: make(chan error, 1)}
-	go func() { b.done <- h.Run(ctx) }()
-	for i := 0; ; i++ {
-		ing, srv, _ := h.Addrs()
-		if ing != "" && srv != "" {
-			b.ingest, b.serve = ing, srv
-			break
-		}
-		if i > 1000 {
-			b.stop()
-			return nil, fmt.Errorf("hub did not start")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return b, nil
-}
-
-func clusterName(i int) string { return fmt.Sprintf("c%03d", i) }
 
 // pushWatch follows one cluster's source as the hub answers it: the pushes the hub ACKed
 // and the latest source version ACKed.
@@ -158,7 +82,7 @@ func (w *pushWatch) waitAcked(v uint64) error {
 }
 
 // connectWatched pushes cache to the hub as cluster name, like a minion, reporting to w.
-func (b *tempHub) connectWatched(name string, cache *mcp.Cache, w *pushWatch) (*cluster, error) {
+func (b *benchHub) connectWatched(name string, cache *mcp.Cache, w *pushWatch) (*cluster, error) {
 	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: cache, Logger: quietLogger(), MaxMessageSize: 64 << 20, Hooks: w.hooks()})
 	if err != nil {
 		return nil, err
@@ -451,7 +375,7 @@ func NoisyNeighbour(cfg NeighbourConfig) (NeighbourResult, error) {
 	cfg.Rounds = max(cfg.Rounds, 1)
 	perBlock := max(cfg.Changes/cfg.Rounds, 1)
 	a, bName := clusterName(0), clusterName(1)
-	b, err := startHubWith(2, func(c *hub.Config) {
+	b, err := startHub(2, func(c *hub.Config) {
 		c.Clusters[0].Quotas = &hub.QuotaConfig{PushesPerSecond: cfg.PushesPerSecond, PushBurst: cfg.PushBurst}
 	})
 	if err != nil {
@@ -648,7 +572,7 @@ func StalledSink(cfg StalledConfig) (StalledResult, error) {
 
 func stalledRun(cfg StalledConfig, stall bool) (early, late float64, err error) {
 	name := clusterName(0)
-	b, err := startHubWith(1, func(c *hub.Config) {
+	b, err := startHub(1, func(c *hub.Config) {
 		c.Clusters[0].Quotas = &hub.QuotaConfig{PushesPerSecond: 1e9, PushBurst: 1 << 30}
 	})
 	if err != nil {
