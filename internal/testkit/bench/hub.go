@@ -105,8 +105,10 @@ type cluster struct {
 	done   chan struct{}
 }
 
-func (b *benchHub) connect(name string, cache *mcp.Cache) (*cluster, error) {
-	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: cache, Logger: quietLogger(), MaxMessageSize: 64 << 20})
+// connect pushes cache to the hub as cluster name, like a minion; hooks (may be zero)
+// follow its stream.
+func (b *benchHub) connect(name string, cache *mcp.Cache, hooks mcp.Hooks) (*cluster, error) {
+	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: cache, Logger: quietLogger(), MaxMessageSize: 64 << 20, Hooks: hooks})
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +153,7 @@ func HubFanout(cfg FanoutConfig) (Result, error) {
 			return Result{}, err
 		}
 	}
-	cl, err := b.connect("c000", cache)
+	cl, err := b.connect("c000", cache, mcp.Hooks{})
 	if err != nil {
 		return Result{}, err
 	}
@@ -355,7 +357,7 @@ func IdleSinks(n int) (IdleResult, error) {
 			return res, err
 		}
 	}
-	cl, err := b.connect("c000", cache)
+	cl, err := b.connect("c000", cache, mcp.Hooks{})
 	if err != nil {
 		return res, err
 	}
@@ -433,7 +435,7 @@ func HubLatency(clusters, sinks, changes int) (LatencyResult, error) {
 				return res, err
 			}
 		}
-		cl, err := b.connect(name, caches[i])
+		cl, err := b.connect(name, caches[i], mcp.Hooks{})
 		if err != nil {
 			return res, err
 		}

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -79,26 +78,6 @@ func (w *pushWatch) waitAcked(v uint64) error {
 		}
 	}
 	return nil
-}
-
-// connectWatched pushes cache to the hub as cluster name, like a minion, reporting to w.
-func (b *benchHub) connectWatched(name string, cache *mcp.Cache, w *pushWatch) (*cluster, error) {
-	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: cache, Logger: quietLogger(), MaxMessageSize: 64 << 20, Hooks: w.hooks()})
-	if err != nil {
-		return nil, err
-	}
-	conn, err := grpc.NewClient(b.ingest, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &cluster{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		defer conn.Close()
-		_ = src.PushTo(metadata.AppendToOutgoingContext(ctx, hub.DevIdentityHeader, name), conn)
-	}()
-	return c, nil
 }
 
 // markedResource is resource name whose body carries mark (a letter and a sequence
@@ -391,7 +370,7 @@ func NoisyNeighbour(cfg NeighbourConfig) (NeighbourResult, error) {
 			put[j] = markedResource(name(cl, j), "AB"[i], 0, cfg.Size)
 		}
 		caches[i].Put(hubCollection, put...)
-		c, err := b.connectWatched(cl, caches[i], watches[i])
+		c, err := b.connect(cl, caches[i], watches[i].hooks())
 		if err != nil {
 			return res, err
 		}
@@ -587,7 +566,7 @@ func stalledRun(cfg StalledConfig, stall bool) (early, late float64, err error) 
 	}
 	cache.Put(hubCollection, put...)
 	w := newPushWatch()
-	c, err := b.connectWatched(name, cache, w)
+	c, err := b.connect(name, cache, w.hooks())
 	if err != nil {
 		return 0, 0, err
 	}
