@@ -185,6 +185,17 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 		}
 		fmt.Fprintf(w, "CPU per change, state kept on disk (1000 resources)\t%v\t%v\t%.2f\tbaseline: persist off, same run; %.0f vs %.0f allocs/change; includes the writer's commits\t\n",
 			on.CPUPerChange.Round(100*time.Nanosecond), off.CPUPerChange.Round(100*time.Nanosecond), float64(on.CPUPerChange)/float64(off.CPUPerChange), on.AllocsPerChange, off.AllocsPerChange)
+		// And on the push path itself: minion -> hub -> sink.
+		loff, err := bench.HubLatency(10, 100, 200, func(c *hub.Config) { c.Persist = false })
+		if err != nil {
+			fail("latency, persist off", err)
+		}
+		lon, err := bench.HubLatency(10, 100, 200, nil)
+		if err != nil {
+			fail("latency, persist on", err)
+		}
+		fmt.Fprintf(w, "minion -> hub -> sink p99, state kept on disk (10 clusters, 100 sinks)\t%v\t%v\t%.2f\tbaseline: persist off, same run; p50 %v vs %v\t\n",
+			lon.P99.Round(100*time.Microsecond), loff.P99.Round(100*time.Microsecond), float64(lon.P99)/float64(loff.P99), lon.P50.Round(100*time.Microsecond), loff.P50.Round(100*time.Microsecond))
 	}
 	if rows["idle"] {
 		idle, err := bench.IdleSinks(1000)
@@ -195,7 +206,7 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 			idle.PerSinkKiB, idle.BaselineKiB, idle.PerSinkKiB/idle.BaselineKiB)
 	}
 	if rows["latency"] {
-		lat, err := bench.HubLatency(100, 1000, 50)
+		lat, err := bench.HubLatency(100, 1000, 50, nil)
 		if err != nil {
 			fail("latency", err)
 		}

@@ -163,7 +163,7 @@ type config struct {
 }
 
 // CommitInterval is the least time between the starts of two commits (see config).
-const CommitInterval = 10 * time.Millisecond
+const CommitInterval = 100 * time.Millisecond
 
 func defaultConfig() config {
 	return config{lockTimeout: LockTimeout, retryMin: 100 * time.Millisecond, retryMax: 5 * time.Second, commitInterval: CommitInterval, openFile: os.OpenFile}

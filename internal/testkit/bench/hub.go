@@ -417,9 +417,9 @@ type LatencyResult struct {
 // HubLatency connects clusters sources and sinks sinks to one hub, then makes changes one
 // at a time, each in the next cluster, and records for every sink the time from the change
 // at the cluster's cache to the sink receiving it.
-func HubLatency(clusters, sinks, changes int) (LatencyResult, error) {
+func HubLatency(clusters, sinks, changes int, tune func(*hub.Config)) (LatencyResult, error) {
 	res := LatencyResult{Clusters: clusters, Sinks: sinks, Changes: changes}
-	b, err := startHub(clusters, nil)
+	b, err := startHub(clusters, tune)
 	if err != nil {
 		return res, err
 	}
