@@ -243,7 +243,12 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
 	cs.lastContact = h.now()
-	h.saveMetaLocked(cs)
+	if cs.connected == 0 {
+		// A write without an open stream of the cluster (Hub.Apply, a copy): its time is
+		// its last contact. A connected cluster's is saved as it connects, disconnects and
+		// every 10 s (saveContacts), not with every push.
+		h.saveMetaLocked(cs)
+	}
 	if cs.rejections == nil {
 		cs.rejections = map[string]map[string]string{}
 	}
