@@ -250,7 +250,11 @@ func (c *client) status(ctx context.Context) error {
 		if cl.LastContact != nil {
 			last = time.Since(*cl.LastContact).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(w, "%s\t%v\t%v\t%d\t%d\t%d\t%s", cl.Name, cl.Connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
+		connected := fmt.Sprint(cl.Connected)
+		if !cl.Connected && cl.Restored {
+			connected = "false (restored)" // served from the hub's state file since its start
+		}
+		fmt.Fprintf(w, "%s\t%s\t%v\t%d\t%d\t%d\t%s", cl.Name, connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
 		if holding {
 			fmt.Fprintf(w, "\t%s", breaker(cl.Breaker))
 		}

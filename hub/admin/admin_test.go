@@ -77,7 +77,7 @@ func TestStatusAndWhyShowSinksByProtocol(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/api/clusters":
-			_ = json.NewEncoder(w).Encode([]api.ClusterStatus{})
+			_ = json.NewEncoder(w).Encode([]api.ClusterStatus{{Name: "east", Synced: true, Restored: true, Resources: map[string]int{"vs": 4}}})
 		case "/api/sinks":
 			_ = json.NewEncoder(w).Encode(sinks)
 		case "/api/why":
@@ -93,6 +93,7 @@ func TestStatusAndWhyShowSinksByProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`\neast +false \(restored\) +true +4 +0 +0 +never\n`),
 		regexp.MustCompile(`SINK +PROTOCOL +IDENTITY +NODE`),
 		regexp.MustCompile(`\n3 +mcp +- +global-a +all +virtualservices 3/4 pending +0\n`),
 		regexp.MustCompile(`\n4 +mcp dial-out +- +listener +all +0\n`),
