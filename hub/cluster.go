@@ -269,10 +269,11 @@ func (h *Hub) delivered(s *Session, collection string) {
 		cs.synced = true
 	}
 	if complete {
-		cs.unconfirmed = false // the session's state replaced the restored one
+		// The session's state replaced the restored one: the cluster's own, or a copy taken
+		// from a peer (not what this hub read from its file any more).
+		cs.unconfirmed, cs.restored = false, false
 	}
 	if complete && !s.away {
-		cs.restored = false // its own state now
 		h.saveMetaLocked(cs)
 	}
 	if complete && s.away && cs.connected == 0 && cs.disconnectedAt.IsZero() {

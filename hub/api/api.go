@@ -61,7 +61,8 @@ type ClusterStatus struct {
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
 	// Restored: what the hub serves of the cluster is its last-known state, read from the
-	// state file at the hub's start; its own session has not delivered since.
+	// state file at the hub's start; no session (its own, or a replica's copy) has
+	// delivered since.
 	Restored bool `json:"restored,omitempty"`
 	// Breaker is the cluster's mass-deletion breaker: present while it holds deletions
 	// (open, or deletions waiting to see whether it opens).

@@ -1,6 +1,8 @@
 package replicas
 
 import (
+	"slices"
+
 	"context"
 	"sort"
 	"sync"
@@ -41,23 +43,29 @@ func (l *Layer) ClusterRestored(cluster string, epoch uint64) bool {
 	return false
 }
 
-// advertiseRestored tells the peers the epochs of the copies restored from the state file,
-// as soon as the membership runs: before any minion stream, so that this replica's next
-// session of such a cluster is newer than its copy, and so that the peers know of it.
-func (l *Layer) advertiseRestored(m members) {
+// restoredCopies are the epochs of the copies restored from the state file, which the
+// membership carries from its first message (the join's full state included): a peer then
+// never counts itself synced with this replica without knowing them, and this replica's
+// next session of such a cluster is newer than its copy.
+func (l *Layer) restoredCopies() map[string]uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	out := map[string]uint64{}
 	for name, c := range l.clusters {
 		if c.restored && c.epoch > 0 {
-			m.SetCopy(name, c.epoch, true)
+			out[name] = c.epoch
 		}
 	}
+	return out
 }
 
 // setEpochLocked records that this replica's copy of cluster is now the state of the
 // session of epoch: in the state file and for the peers. The caller holds l.mu, so that
 // both see the changes in the order they were made.
 func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
+	if !slices.Contains(l.h.ClusterNames(), cluster) {
+		return // removed meanwhile (a delivery racing the removal): no copy to advertise
+	}
 	c.epoch, c.restored = epoch, false
 	l.h.SetClusterEpoch(cluster, epoch)
 	if m := l.members(); m != nil {

@@ -13,7 +13,9 @@ func restoredLayer(t *testing.T, epoch uint64, peers ...string) *testLayer {
 	if tl.ClusterRestored("east", epoch) {
 		t.Fatal("a restored copy counts as synced before the group is known")
 	}
-	tl.advertiseRestored(tl.fm)
+	for cluster, e := range tl.restoredCopies() { // what the membership starts with
+		tl.fm.SetCopy(cluster, e, true)
+	}
 	return tl
 }
 

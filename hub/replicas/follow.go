@@ -82,6 +82,9 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 		// No longer configured: nothing to follow. Its state goes with its last minion
 		// session, whose end (SessionClosed, after the core closed it) releases its hold.
 		l.stopLocked(name, c, "")
+		// A delivery racing the removal may have advertised a copy again: peers must not
+		// try to take it.
+		m.SetCopy(name, 0, false)
 		if len(c.minion) == 0 {
 			delete(l.clusters, name)
 			l.metrics.forget(name)

@@ -160,13 +160,13 @@ func (l *Layer) Start(ctx context.Context, g *errgroup.Group, ls hub.Listeners) 
 	m, err := l.join(membership.Config{Name: rc.Name, Bind: rc.Gossip, MCPAddr: adv, Seeds: rc.Seeds, SeedDNS: rc.SeedDNS,
 		KeyFile: rc.KeyFile, Local: rc.Profile == "local", Tuning: membership.Tuning{ProbeInterval: rc.ProbeInterval.Duration,
 			ProbeTimeout: rc.ProbeTimeout.Duration, SuspicionMult: rc.SuspicionMult, GossipInterval: rc.GossipInterval.Duration,
-			PushPullInterval: rc.PushPullInterval.Duration, RejoinInterval: rc.RejoinInterval.Duration}}, l.log)
+			PushPullInterval: rc.PushPullInterval.Duration, RejoinInterval: rc.RejoinInterval.Duration},
+		RestoredCopies: l.restoredCopies()}, l.log)
 	if err != nil {
 		return err
 	}
 	l.mem.Store(&memberRef{m})
 	l.log.Info("replica started", "replica", rc.Name, "gossip", m.Addr(), "advertise", adv, "identity", l.id)
-	l.advertiseRestored(m)
 
 	// Peers follow the clusters this replica holds on the ingest listener; a replica opens
 	// one stream per cluster at once, so the per-peer limit is far higher than a sink's.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Copies spread like holdings, and their epochs count among those seen: a session held
@@ -90,4 +91,25 @@ func TestSynced(t *testing.T) {
 	eventually(t, "a has heard b", a.Synced)
 	c := start(t, "c", key, a.Addr())
 	eventually(t, "c has heard a and b", func() bool { return c.Synced() && len(c.Replicas()) == 3 })
+}
+
+// A replica's restored copies are in its state from the join on: a peer that has heard its
+// full state, and so counts itself synced, knows them at that moment, and cannot confirm an
+// older copy of its own meanwhile.
+func TestRestoredCopiesKnownFromTheJoin(t *testing.T) {
+	key := keyFile(t)
+	a := start(t, "a", key)
+	startWith(t, Config{Name: "b", Bind: "127.0.0.1:0", MCPAddr: "127.0.0.1:1b", Seeds: []string{a.Addr()}, KeyFile: key, Local: true,
+		Tuning: Tuning{ProbeInterval: 200 * time.Millisecond}, RestoredCopies: map[string]uint64{"east": 7}})
+	var known []Copy
+	eventually(t, "a synced with b", func() bool {
+		if !a.Synced() {
+			return false
+		}
+		known = a.Copies("east") // at the first moment a counts itself synced
+		return true
+	})
+	if len(known) != 1 || known[0].Epoch != 7 || !known[0].Restored {
+		t.Fatalf("a synced knowing b's copies %+v, want east@7 restored", known)
+	}
 }

@@ -67,6 +67,11 @@ type Config struct {
 	Tuning Tuning
 	// Incarnation orders this replica's lives; default the start time. Tests set it.
 	Incarnation int64
+	// RestoredCopies are the copies this replica restored from its state file, by cluster,
+	// at their epochs: in its state from the first message it sends, the join's full state
+	// included, so that no peer counts itself synced with this replica without knowing them
+	// (it could confirm an older copy of its own meanwhile).
+	RestoredCopies map[string]uint64
 
 	broadcastOnly bool // tests: holding changes by gossip broadcast only, not over TCP
 }
@@ -242,6 +247,13 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
 		sends: make(chan outgoing, 1024),
 		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}, Copies: map[string]hold{}}}
+	for cluster, epoch := range cfg.RestoredCopies {
+		if epoch > 0 {
+			m.self.Ver++
+			m.self.Copies[cluster] = hold{Epoch: epoch, Ver: m.self.Ver, Restored: true}
+			m.maxEpoch[cluster] = max(m.maxEpoch[cluster], epoch)
+		}
+	}
 	m.watchers = map[chan struct{}]bool{m.changed: true}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
