@@ -224,16 +224,21 @@ func (h *Hub) sessionClosed(s *Session) {
 	if cs.writer == s {
 		cs.writer = nil
 	}
+	away := false // the cluster's last own stream ended
 	if open && !s.away && !cs.removed {
 		cs.lastContact = h.now()
 		if cs.connected--; cs.connected == 0 {
 			cs.disconnectedAt = cs.lastContact
+			away = true
 		}
 		h.metrics.connected(cs.name, cs.connected > 0)
 		h.saveMetaLocked(cs)
 		cs.log.Info("cluster stream closed", "streams", cs.connected)
 	}
 	cs.mu.Unlock()
+	if away {
+		h.flushState() // from now on the file is what a restart has of the cluster
+	}
 	if open {
 		h.layer.SessionClosed(s)
 	}

@@ -301,7 +301,13 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 		return errors.Join(err, h.stop(g))
 	}
 	for srv, lis := range listeners {
-		g.Go(func() error { return srv.Serve(lis) })
+		g.Go(func() error {
+			// Stopped before it served (a Run ended at once): not an error.
+			if err := srv.Serve(lis); !errors.Is(err, grpc.ErrServerStopped) {
+				return err
+			}
+			return nil
+		})
 		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
 	if h.cfg.HTTP != "" {

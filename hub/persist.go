@@ -1,11 +1,13 @@
 package hub
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"sort"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -249,6 +251,21 @@ func (h *Hub) saveContacts() {
 			h.saveMetaLocked(cs)
 		}
 		cs.mu.Unlock()
+	}
+}
+
+// flushState waits until what is queued is in the state file (at most a few seconds): when a
+// cluster's minion goes away, its last state must not wait for the next commit interval,
+// since a restart will serve it from the file alone.
+func (h *Hub) flushState() {
+	st := h.state.Load()
+	if st == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := st.Flush(ctx); err != nil {
+		h.log.Warn("state file: a cluster's last state is not on disk yet", "err", err)
 	}
 }
 

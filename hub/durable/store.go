@@ -123,6 +123,9 @@ type Store struct {
 
 	stop chan struct{} // closed by Close
 	wake chan struct{} // a write is pending (capacity 1)
+	// hurry cuts the wait between two commits (capacity 1): a Flush waits for the disk,
+	// not for the interval.
+	hurry chan struct{}
 	done chan struct{} // closed when the writer has ended
 
 	mu        sync.Mutex // guards the following fields
@@ -181,7 +184,7 @@ func open(path string, log *slog.Logger, cfg config) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{path: path, log: log, cfg: cfg, stop: make(chan struct{}), wake: make(chan struct{}, 1),
+	s := &Store{path: path, log: log, cfg: cfg, stop: make(chan struct{}), wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1),
 		done: make(chan struct{}), pending: newBatch(), commitCh: make(chan struct{})}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state file %s: %w", path, err)
@@ -495,6 +498,10 @@ func (s *Store) Flush(ctx context.Context) error {
 	s.mu.Lock()
 	target := s.seq
 	s.mu.Unlock()
+	select {
+	case s.hurry <- struct{}{}:
+	default:
+	}
 	for {
 		s.mu.Lock()
 		if s.committed >= target {

@@ -81,6 +81,8 @@ func (s *Store) run() {
 				t := time.NewTimer(wait)
 				select {
 				case <-t.C:
+				case <-s.hurry:
+					t.Stop()
 				case <-s.stop:
 					t.Stop()
 				}

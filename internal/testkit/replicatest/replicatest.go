@@ -352,6 +352,16 @@ func (w *World) startHub(name string, prev *Hub, fresh, single bool, seeds []str
 // already exited: its PID may belong to another process by now).
 func (h *Hub) Kill() { killGroup(h.Pid, h.done) }
 
+// Running reports whether the replica's process has not exited.
+func (h *Hub) Running() bool {
+	select {
+	case <-h.done:
+		return false
+	default:
+		return true
+	}
+}
+
 // Freeze stops the replica's process (SIGSTOP): it holds its connections and answers
 // nothing, as a replica that hangs does, until Thaw.
 func (h *Hub) Freeze() { signalGroup(h.Pid, h.done, syscall.SIGSTOP) }
