@@ -53,8 +53,8 @@
 //     switch the file from one state to the next atomically. What was enqueued after that
 //     batch is lost; the writer commits continuously, so that is at most CommitInterval
 //     plus a commit under load (a quiet commit takes about a millisecond here). A minion
-//     that reconnects resends what the hub then lacks; only a cluster whose minion is
-//     away can lose those last 100 ms.
+//     that reconnects resends what the hub then lacks, and the hub flushes the file when a
+//     cluster's minion goes away (Flush does not wait for the interval).
 //   - Durability on request. Flush returns once everything enqueued before it is on disk.
 //   - The caller never waits for the disk, and never sees a write error.
 //   - Bounded memory. The batch holds at most one entry per key (its bytes are the caller's,
