@@ -126,7 +126,7 @@ type Store struct {
 	// hurry cuts the wait between two commits (capacity 1): a Flush waits for the disk,
 	// not for the interval.
 	hurry chan struct{}
-	done chan struct{} // closed when the writer has ended
+	done  chan struct{} // closed when the writer has ended
 
 	mu        sync.Mutex // guards the following fields
 	pending   *batch     // writes not yet taken by the writer
