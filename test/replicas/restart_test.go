@@ -2,7 +2,6 @@ package replicas
 
 import (
 	"bytes"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -22,23 +21,6 @@ const warm = 4 * time.Second
 // before h listens), so that what is served after it can be checked too. It is a wait, not
 // an assertion on time.
 func pastWarmUp(h *rt.Hub) { time.Sleep(time.Until(h.Listening.Add(warm + time.Second))) }
-
-// expectedOf is expected for a world of n clusters.
-func expectedOf(n int, g string, except map[string]bool) string {
-	var out []string
-	for c := 1; c <= n; c++ {
-		if (g == "odd" && c%2 == 0) || (g == "even" && c%2 == 1) {
-			continue
-		}
-		for j := 0; j < objects; j++ {
-			name := fmt.Sprintf("ns-c%d/vs-%d", c, j)
-			if !except[name] {
-				out = append(out, name+"@"+rt.ClusterName(c))
-			}
-		}
-	}
-	return strings.Join(out, " ")
-}
 
 // served waits until sink holds want.
 func served(w *rt.World, s *rt.Sink, want string, d time.Duration) {
