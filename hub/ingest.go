@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/mcp"
@@ -190,11 +191,15 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	for i, e := range c.Entries {
 		r := c.Resources[i]
 		var err error
-		if s.own { // copies were checked where they were written
-			err = cur.comp.kindTable.Check(c.Collection, r)
-		}
 		var hosts []string
-		if err == nil {
+		decoded := false
+		if s.own { // copies were checked where they were written
+			var body proto.Message
+			if body, err = cur.comp.kindTable.Decode(c.Collection, r); err == nil {
+				hosts, decoded = acl.HostsOf(c.Collection, body) // the body is decoded once
+			}
+		}
+		if err == nil && !decoded {
 			hosts, err = acl.Hosts(c.Collection, r.GetBody().GetValue())
 		}
 		if err == nil {

@@ -198,12 +198,15 @@ func restoredResource(comp *compiled, cluster, collection string, e *mcp.Entry) 
 	if err := proto.Unmarshal(e.Encoded, r); err != nil {
 		return nil, err
 	}
-	if err := comp.kindTable.Check(collection, r); err != nil {
-		return nil, err
-	}
-	hosts, err := acl.Hosts(collection, r.GetBody().GetValue())
+	body, err := comp.kindTable.Decode(collection, r)
 	if err != nil {
 		return nil, err
+	}
+	hosts, ok := acl.HostsOf(collection, body)
+	if !ok {
+		if hosts, err = acl.Hosts(collection, r.GetBody().GetValue()); err != nil {
+			return nil, err
+		}
 	}
 	res, err := newResource(cluster, collection, e, r, hosts)
 	if err == nil && len(res.served.Encoded) > comp.quotaFor(cluster).q.MaxObjectBytes {

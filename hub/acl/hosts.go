@@ -118,43 +118,66 @@ func ClaimsHosts(collection string) bool { return kindOf(collection) != kindNone
 // does not decode returns an error naming the kind.
 func Hosts(collection string, body []byte) ([]string, error) {
 	k := kindOf(collection)
-	var m proto.Message
-	switch k {
-	case kindNone:
+	m := messageOf(k)
+	if m == nil {
 		return nil, nil
-	case kindVirtualService:
-		m = &networking.VirtualService{}
-	case kindServiceEntry:
-		m = &networking.ServiceEntry{}
-	case kindDestinationRule:
-		m = &networking.DestinationRule{}
-	case kindGateway:
-		m = &networking.Gateway{}
-	case kindSidecar:
-		m = &networking.Sidecar{}
 	}
 	if err := proto.Unmarshal(body, m); err != nil {
 		return nil, fmt.Errorf("acl: %s body (%s) does not decode: %w", k, collection, err)
 	}
+	out, _ := HostsOf(collection, m)
+	return out, nil
+}
+
+// messageOf is a new message of the type Hosts decodes k's bodies as (nil: none).
+func messageOf(k kind) proto.Message {
+	switch k {
+	case kindVirtualService:
+		return &networking.VirtualService{}
+	case kindServiceEntry:
+		return &networking.ServiceEntry{}
+	case kindDestinationRule:
+		return &networking.DestinationRule{}
+	case kindGateway:
+		return &networking.Gateway{}
+	case kindSidecar:
+		return &networking.Sidecar{}
+	}
+	return nil
+}
+
+// HostsOf is Hosts of a body already decoded (ingest's check decodes every body once). ok
+// is false when m is not the message Hosts decodes the collection's bodies as (a configured
+// kind replacing a built-in collection): the caller then asks Hosts.
+func HostsOf(collection string, m proto.Message) (hosts []string, ok bool) {
 	var out []string
-	switch m := m.(type) {
+	switch k := kindOf(collection); m := m.(type) {
+	case nil:
+		return nil, k == kindNone
 	case *networking.VirtualService:
+		ok = k == kindVirtualService
 		out = m.GetHosts()
 	case *networking.ServiceEntry:
+		ok = k == kindServiceEntry
 		out = m.GetHosts()
 	case *networking.DestinationRule:
+		ok = k == kindDestinationRule
 		out = []string{m.GetHost()}
 	case *networking.Gateway:
+		ok = k == kindGateway
 		for _, s := range m.GetServers() {
 			out = append(out, s.GetHosts()...)
 		}
 	case *networking.Sidecar:
+		ok = k == kindSidecar
 		for _, e := range m.GetEgress() {
 			out = append(out, e.GetHosts()...)
 		}
+	default:
+		ok = k == kindNone
 	}
-	if len(out) == 0 {
-		return nil, nil
+	if !ok || len(out) == 0 {
+		return nil, ok
 	}
-	return out, nil
+	return out, true
 }

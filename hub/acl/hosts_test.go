@@ -84,6 +84,30 @@ func TestHosts(t *testing.T) {
 	}
 }
 
+// HostsOf reads a body already decoded exactly as Hosts reads its bytes, and says when the
+// message is not the one Hosts decodes the collection's bodies as.
+func TestHostsOfDecodedBodies(t *testing.T) {
+	for _, tc := range hostMessages(t) {
+		m := messageOf(kindOf(tc.collection))
+		if err := proto.Unmarshal(tc.body, m); err != nil {
+			t.Fatal(err)
+		}
+		got, ok := HostsOf(tc.collection, m)
+		if !ok || !slices.Equal(got, tc.want) {
+			t.Errorf("HostsOf(%s) = %q, %v, want %q", tc.collection, got, ok, tc.want)
+		}
+	}
+	if _, ok := HostsOf(vsColl, &networking.DestinationRule{Host: "a.com"}); ok {
+		t.Error("HostsOf took a DestinationRule for a VirtualService")
+	}
+	if got, ok := HostsOf(apColl, &networking.VirtualService{Hosts: []string{"a.com"}}); got != nil || ok {
+		t.Errorf("HostsOf of a collection that claims no hosts, with a host-claiming message: %q, %v", got, ok)
+	}
+	if got, ok := HostsOf(apColl, nil); got != nil || !ok {
+		t.Errorf("HostsOf of a collection that claims no hosts: %q, %v", got, ok)
+	}
+}
+
 func TestHostsOtherCollections(t *testing.T) {
 	garbage := []byte{0xff, 0xff, 0xff}
 	vs := marshal(t, &networking.VirtualService{Hosts: []string{"a.com"}})

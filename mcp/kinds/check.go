@@ -93,35 +93,44 @@ func newBodyType(k Kind) (bodyType, error) {
 // A body is not re-encoded: the hub serves the publisher's bytes, so Check accepts any
 // valid encoding of an acceptable message (field order, packing, repeated scalars).
 func (t *Table) Check(collection string, r *mcpapi.Resource) error {
+	_, err := t.Decode(collection, r)
+	return err
+}
+
+// Decode is Check, returning the body it decoded (of the kind's message type, or a Struct)
+// so that a caller reading the body (the hub's ACL reads the hosts it claims) does not
+// decode it again. The message is the caller's.
+func (t *Table) Decode(collection string, r *mcpapi.Resource) (proto.Message, error) {
 	i, ok := t.byColl[collection]
 	if !ok {
-		return fmt.Errorf("collection %s is not in the kinds table", quote(collection))
+		return nil, fmt.Errorf("collection %s is not in the kinds table", quote(collection))
 	}
 	k, bt := t.kinds[i], t.bodies[i]
 	if r == nil {
-		return errors.New("resource is nil")
+		return nil, errors.New("resource is nil")
 	}
 	md := r.GetMetadata()
 	if md == nil {
-		return errors.New("metadata is missing")
+		return nil, errors.New("metadata is missing")
 	}
 	if err := checkName(k, md.GetName()); err != nil {
-		return fmt.Errorf("name %s: %w", quote(md.GetName()), err)
+		return nil, fmt.Errorf("name %s: %w", quote(md.GetName()), err)
 	}
 	if err := checkEnvelope(r); err != nil {
-		return err
+		return nil, err
 	}
 	body := r.GetBody()
 	if body == nil {
-		return fmt.Errorf("body: missing: a %s resource carries %s", k.Kind, bt.what)
+		return nil, fmt.Errorf("body: missing: a %s resource carries %s", k.Kind, bt.what)
 	}
 	if body.GetTypeUrl() != bt.typeURL {
-		return fmt.Errorf("body: type URL %s is not %s", quote(body.GetTypeUrl()), bt.what)
+		return nil, fmt.Errorf("body: type URL %s is not %s", quote(body.GetTypeUrl()), bt.what)
 	}
-	if err := checkBody(bt.mt, body.GetValue(), 0, 0); err != nil {
-		return fmt.Errorf("body%s", err.prefixed(": "))
+	m, err := checkBody(bt.mt, body.GetValue(), 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("body%s", err.prefixed(": "))
 	}
-	return nil
+	return m, nil
 }
 
 // checkName checks a resource name against k's scope and Kubernetes' rules.
@@ -216,18 +225,21 @@ func checkStringMap(field string, m map[string]string) error {
 
 // checkBody decodes b as mt strictly and walks what it decoded. depth counts the messages
 // above it (see maxDepth), anys the Any values (see maxAnys).
-func checkBody(mt protoreflect.MessageType, b []byte, depth, anys int) *fieldError {
+func checkBody(mt protoreflect.MessageType, b []byte, depth, anys int) (proto.Message, *fieldError) {
 	if depth >= maxDepth { // and RecursionLimit 0 would mean protobuf's default
-		return &fieldError{msg: fmt.Sprintf("nested more than %d messages deep", maxDepth)}
+		return nil, &fieldError{msg: fmt.Sprintf("nested more than %d messages deep", maxDepth)}
 	}
 	m := mt.New()
 	// Every check at once: a lazily decoded field would defer its wire format check to
 	// whoever reads it next, a sink's decoder.
 	opts := proto.UnmarshalOptions{RecursionLimit: maxDepth - depth, NoLazyDecoding: true}
 	if err := opts.Unmarshal(b, m.Interface()); err != nil {
-		return &fieldError{msg: fmt.Sprintf("does not decode as %s: %s", mt.Descriptor().FullName(), protoText(err))}
+		return nil, &fieldError{msg: fmt.Sprintf("does not decode as %s: %s", mt.Descriptor().FullName(), protoText(err))}
 	}
-	return checkMessage(m, depth, anys)
+	if err := checkMessage(m, depth, anys); err != nil {
+		return nil, err
+	}
+	return m.Interface(), nil
 }
 
 // fieldError is a problem at a path inside a message. The path is collected while the walk
@@ -498,7 +510,8 @@ func checkAny(m protoreflect.Message, depth, anys int) *fieldError {
 		return &fieldError{msg: fmt.Sprintf("type URL %s: not a message this program knows, so its content cannot be checked", quote(url))}
 	}
 	// The Any's content continues the path, as protojson writes it: inline, beside "@type".
-	return checkBody(mt, value, depth+1, anys+1)
+	_, ferr := checkBody(mt, value, depth+1, anys+1)
+	return ferr
 }
 
 // unknownFields describes the unknown fields protobuf kept for a message of md: the numbers
