@@ -40,6 +40,15 @@ func objects(ns string, n int) (out []string) {
 	return out
 }
 
+// mustApply applies c as cluster's own push (Hub.Apply) and fails the test if it is
+// NACKed.
+func mustApply(t *testing.T, h *Hub, cluster string, c *mcp.Change) {
+	t.Helper()
+	if err := h.Apply(cluster, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // push is a full-state push of names in collection.
 func push(t *testing.T, collection string, names ...string) *mcp.Change {
 	t.Helper()
@@ -70,9 +79,7 @@ func TestBreakerHoldsAnEmptiedSourceUntilItRecovers(t *testing.T) {
 	withClock(h)
 	sink := watchAs(t, h, "", "istiod")
 	all := objects("shop", 20)
-	if err := h.Apply("east", push(t, vsColl, all...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, all...))
 
 	err := h.Apply("east", push(t, vsColl))
 	if status.Code(err) != codes.FailedPrecondition {
@@ -118,12 +125,8 @@ func TestBreakerLetsAnOrdinaryRolloutThrough(t *testing.T) {
 	withClock(h)
 	sink := watchAs(t, h, "", "istiod")
 	all := objects("shop", 20)
-	if err := h.Apply("east", push(t, vsColl, all...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Apply("east", push(t, vsColl, all[3:]...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, all...))
+	mustApply(t, h, "east", push(t, vsColl, all[3:]...))
 	if got := countNames(sink.names(vsColl)); got != 17 {
 		t.Errorf("served after deleting 3 of 20: %d", got)
 	}
@@ -139,12 +142,8 @@ func TestBreakerCountsTheClusterTotalAcrossCollections(t *testing.T) {
 	h := testHub(t, breakerHub)
 	clk := withClock(h)
 	sink := watchAs(t, h, "", "istiod")
-	if err := h.Apply("east", push(t, vsColl, objects("shop", 6)...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Apply("east", push(t, drColl, objects("shop", 6)...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 6)...))
+	mustApply(t, h, "east", push(t, drColl, objects("shop", 6)...))
 	if err := h.Apply("east", push(t, vsColl)); err != nil {
 		t.Fatalf("settling deletions are not refused: %v", err)
 	}
@@ -173,24 +172,14 @@ func TestBreakerSettlesSmallDeletions(t *testing.T) {
 	h := testHub(t, breakerHub)
 	clk := withClock(h)
 	sink := watchAs(t, h, "", "istiod")
-	if err := h.Apply("west", push(t, vsColl, objects("pay", 9)...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Apply("west", push(t, vsColl)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "west", push(t, vsColl, objects("pay", 9)...))
+	mustApply(t, h, "west", push(t, vsColl))
 	if got := countNames(sink.names(vsColl)); got != 0 {
 		t.Fatalf("served after a cluster of 9 deleted them: %d", got)
 	}
-	if err := h.Apply("east", push(t, vsColl, objects("shop", 4)...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Apply("east", push(t, drColl, objects("shop", 8)...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Apply("east", push(t, vsColl)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 4)...))
+	mustApply(t, h, "east", push(t, drColl, objects("shop", 8)...))
+	mustApply(t, h, "east", push(t, vsColl))
 	h.settleBreakers()
 	if got := countNames(sink.names(vsColl)); got != 4 {
 		t.Fatalf("served while settling: %d", got)
@@ -210,9 +199,7 @@ func TestBreakerRelease(t *testing.T) {
 	h := testHub(t, breakerHub)
 	withClock(h)
 	sink := watchAs(t, h, "", "istiod")
-	if err := h.Apply("east", push(t, vsColl, objects("shop", 12)...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
 	if _, err := h.ReleaseBreaker("east", "op"); !errors.Is(err, ErrNothingHeld) {
 		t.Errorf("release with nothing held: %v", err)
 	}
@@ -245,12 +232,8 @@ func TestBreakerJudgesOnlyTheClustersOwnWrites(t *testing.T) {
 	if err := h.apply(copyOf.s, push(t, vsColl)); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Apply("west", push(t, vsColl, objects("pay", 12)...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Apply("west", push(t, vsColl)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "west", push(t, vsColl, objects("pay", 12)...))
+	mustApply(t, h, "west", push(t, vsColl))
 	if got := sink.names(vsColl); got != "" {
 		t.Errorf("served: %q, want nothing", got)
 	}
@@ -262,9 +245,7 @@ func TestBreakerGuardsAReload(t *testing.T) {
 	h := testHub(t, breakerHub)
 	withClock(h)
 	sink := watchAs(t, h, "", "istiod")
-	if err := h.Apply("east", push(t, vsColl, objects("shop", 12)...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
 	typo := strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1)
 	res := reload(t, h, typo)
 	if res.Held != 12 || res.Refused != 0 {

@@ -55,18 +55,10 @@ func servedBytes(t *testing.T, h *Hub, coll string) map[string][]byte {
 func TestRestartServesTheLastStateOfAnAbsentCluster(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := persistedHub(t, persistHub, dir, nil)
-	if err := a.Apply("east", push(t, vsColl, "shop/a", "shop/b", "shop/c")); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Apply("east", push(t, drColl, "shop/d")); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Apply("west", push(t, vsColl, "pay/x")); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Apply("west", push(t, drColl)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, a, "east", push(t, vsColl, "shop/a", "shop/b", "shop/c"))
+	mustApply(t, a, "east", push(t, drColl, "shop/d"))
+	mustApply(t, a, "west", push(t, vsColl, "pay/x"))
+	mustApply(t, a, "west", push(t, drColl))
 	before := servedBytes(t, a, vsColl)
 	stop()
 
@@ -99,9 +91,7 @@ func TestRestoredStalenessCountsFromTheLastContact(t *testing.T) {
 	dir := t.TempDir()
 	twoHoursAgo := func() time.Time { return time.Now().Add(-2 * time.Hour) }
 	a, stop := persistedHub(t, persistHub, dir, twoHoursAgo)
-	if err := a.Apply("east", push(t, vsColl, "shop/a")); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, a, "east", push(t, vsColl, "shop/a"))
 	stop()
 	b, _ := persistedHub(t, persistHub+"staleness: {default: 1h}\n", dir, nil)
 	sink := watchAs(t, b, "", "istiod")
@@ -113,12 +103,8 @@ func TestRestoredStalenessCountsFromTheLastContact(t *testing.T) {
 func TestRestoreRechecksOwnership(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := persistedHub(t, persistHub, dir, nil)
-	if err := a.Apply("east", push(t, vsColl, "shop/a")); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Apply("west", push(t, vsColl, "pay/x")); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, a, "east", push(t, vsColl, "shop/a"))
+	mustApply(t, a, "west", push(t, vsColl, "pay/x"))
 	stop()
 	next := strings.Replace(persistHub, "namespaces: [shop]", "namespaces: [shop2]", 1)
 	next = strings.Replace(next, "- {name: west, identities: [west], namespaces: [pay], hosts: [\"*\"]}\n", "", 1)
@@ -158,9 +144,7 @@ func TestCorruptStateFileIsSetAside(t *testing.T) {
 	if len(moved) != 1 {
 		t.Errorf("moved aside: %v", moved)
 	}
-	if err := h.Apply("east", push(t, vsColl, "shop/a")); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, "shop/a"))
 	if st := h.stateStatus(); !st.Open {
 		t.Errorf("state after the reset: %+v", st)
 	}

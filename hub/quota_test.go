@@ -52,9 +52,7 @@ func rejectionsOf(t *testing.T, err error) []mcp.Rejection {
 func TestObjectLargerThanASinkCanReceiveIsRefusedAtIngest(t *testing.T) {
 	h := testHub(t, breakerHub)
 	sink := watchAs(t, h, "", "istiod")
-	if err := h.Apply("west", push(t, vsColl, "pay/a")); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "west", push(t, vsColl, "pay/a"))
 	e, r := bigVS(t, "shop/huge", "1", 5<<20)
 	err := h.Apply("east", incremental(t, e, r))
 	rj := rejectionsOf(t, err)
@@ -62,9 +60,7 @@ func TestObjectLargerThanASinkCanReceiveIsRefusedAtIngest(t *testing.T) {
 		t.Fatalf("a 5 MB object: %v", err)
 	}
 	e2, r2 := bigVS(t, "pay/a", "2", 10)
-	if err := h.Apply("west", incremental(t, e2, r2)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "west", incremental(t, e2, r2))
 	snap := sink.colls[vsColl].Snapshot()
 	if len(snap.Entries) != 1 || snap.Entries[0].Version != "west/2" {
 		t.Errorf("served: %+v, want west's edit", snap.Entries)

@@ -21,9 +21,7 @@ func TestClusterDeletionOfAReloadHeldObjectSurvivesTheFix(t *testing.T) {
 	clk := withClock(h)
 	sink := watchAs(t, h, "", "istiod")
 	all := objects("shop", 12)
-	if err := h.Apply("east", push(t, vsColl, all...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, all...))
 	typo := strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1)
 	reload(t, h, typo)
 	// The cluster deletes shop/o00 (an incremental push: only the deletion).
@@ -46,9 +44,7 @@ func TestClusterDeletionOfAReloadHeldObjectSurvivesTheFix(t *testing.T) {
 func TestRestoreForgetsWhatOwnershipRefuses(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := persistedHub(t, persistHub, dir, nil)
-	if err := a.Apply("east", push(t, vsColl, "shop/a", "shop/b")); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, a, "east", push(t, vsColl, "shop/a", "shop/b"))
 	stop()
 	narrowed := strings.Replace(persistHub, "namespaces: [shop]", "namespaces: [shop2]", 1)
 	b, stop := persistedHub(t, narrowed, dir, nil)
@@ -94,9 +90,7 @@ func TestBreakerClosesWhenStalenessDropsWhatItHeld(t *testing.T) {
 func TestDisablingTheBreakerClosesIt(t *testing.T) {
 	h := testHub(t, breakerHub)
 	clk := withClock(h)
-	if err := h.Apply("east", push(t, vsColl, objects("shop", 12)...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
 	_ = h.Apply("east", push(t, vsColl))
 	reload(t, h, breakerHub+"breaker: {disabled: true}\n")
 	clk.advance(time.Hour)
@@ -114,12 +108,8 @@ func TestRestoredStatePastItsTTLIsNeverServed(t *testing.T) {
 	dir := t.TempDir()
 	twoHoursAgo := func() time.Time { return time.Now().Add(-2 * time.Hour) }
 	a, stop := persistedHub(t, persistHub, dir, twoHoursAgo)
-	if err := a.Apply("east", push(t, vsColl, "shop/a")); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Apply("west", push(t, vsColl, "pay/a")); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, a, "east", push(t, vsColl, "shop/a"))
+	mustApply(t, a, "west", push(t, vsColl, "pay/a"))
 	_ = a.Apply("east", push(t, drColl))
 	_ = a.Apply("west", push(t, drColl))
 	stop()
@@ -266,9 +256,7 @@ func TestBreakerLetsARenameThrough(t *testing.T) {
 		v1 = append(v1, fmt.Sprintf("shop/app%02d-v1", i))
 		v2 = append(v2, fmt.Sprintf("shop/app%02d-v2", i))
 	}
-	if err := h.Apply("east", push(t, vsColl, v1...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, h, "east", push(t, vsColl, v1...))
 	err := h.Apply("east", push(t, vsColl, v2...))
 	t.Logf("rename: %v", err)
 	if n := countNames(sink.names(vsColl)); n != 12 {
@@ -281,9 +269,7 @@ func TestBreakerLetsARenameThrough(t *testing.T) {
 func TestBreakerGuardsATypoArrivingWithARestart(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := persistedHub(t, persistHub, dir, nil)
-	if err := a.Apply("east", push(t, vsColl, objects("shop", 12)...)); err != nil {
-		t.Fatal(err)
-	}
+	mustApply(t, a, "east", push(t, vsColl, objects("shop", 12)...))
 	_ = a.Apply("east", push(t, drColl))
 	_ = a.Apply("west", push(t, vsColl))
 	_ = a.Apply("west", push(t, drColl))
