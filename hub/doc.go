@@ -4,10 +4,13 @@
 //
 //   - ingest.go: a minion's stream (it dials in, or the hub polls it) is admitted by its
 //     authenticated transport identity (never by what the peer says) and becomes a Session
-//     of its cluster; each push is checked against the ownership ACL (package hub/acl),
-//     and what is refused is NACKed with the reason and never stored.
+//     of its cluster, the one writer of the cluster's state; each push is paced by the
+//     cluster's quota, every body checked against its kind (kinds.Table.Decode) and the
+//     ownership ACL (package hub/acl), and what is refused is NACKed with the reason and
+//     never stored.
 //   - store.go: the accepted resources, per cluster; a resource's served form (origin
-//     annotation, a version qualified by the cluster) is encoded once.
+//     annotation, a version qualified by the cluster) is encoded once. Each write is judged
+//     there by the cluster's quotas (quota.go) and its mass-deletion breaker (breaker.go).
 //   - merge.go: per collection and name, every cluster's resource is a candidate, ordered
 //     by the conflict policy; the first is served.
 //   - views.go: one mcp.Cache per distinct routing subset (package routing), kept up to
@@ -21,14 +24,16 @@
 // configuration, the warm-up and staleness), relay.go (a minion subscribing on the ingest
 // listener, with its cluster's identity, to re-serve inside its cluster; routing selects it
 // only by rules for relays), reload.go (a new configuration applied without a restart),
-// http.go (the admin API, whose types are package hub/api), config.go (the configuration
-// file and its one literal of defaults).
+// http.go (the admin API, whose types are package hub/api; operator.go decides who may take
+// its actions), persist.go (each cluster's last-known state in the state file, package
+// hub/durable, restored at start), config.go (the configuration file and its one literal of
+// defaults).
 //
 // What runs beside the core plugs in through Layer (layer.go), whose single-hub
 // implementation does nothing: the replica layer (package hub/replicas) is one, wired in
 // by cmd/hub only when the configuration has a replicas section.
 //
 // It does not watch Kubernetes or resource files (the minion does); the only file it follows
-// is its own configuration (RunWithReload). Its only certificates are those of its optional
-// development CA (package tls).
+// is its own configuration (RunWithReload), and the only one it writes, beside its optional
+// development CA (package tls), is its state file.
 package hub
