@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/hub/pattern"
+	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
@@ -92,8 +93,17 @@ type Config struct {
 	// by node ids alone. Required with TLS unless every sink is named by its exact
 	// identity. With devCA and no trust domain, the development CA's (DevTrustDomain).
 	TrustDomain string `json:"trustDomain,omitempty"`
-	// Clusters that may publish, each with its identities and what it owns.
+	// Clusters that may publish, each with its identities and what it owns. With tenants,
+	// each tenant lists its own (tenants[].clusters) and this stays empty.
 	Clusters []ClusterConfig `json:"clusters"`
+	// Tenants group clusters and sink fleets by customer (see TenantConfig): each tenant's
+	// sinks see only its clusters' objects and what other tenants export to it, and claims
+	// of two tenants may not overlap. Absent: clusters, sharedNamespaces and routing are one
+	// implicit tenant (DefaultTenant) every sink belongs to.
+	Tenants []TenantConfig `json:"tenants,omitempty"`
+	// TenantLimits bound each tenant's peers, all together (tenants[].limits overrides
+	// them per tenant).
+	TenantLimits TenantLimits `json:"tenantLimits,omitempty"`
 	// SharedNamespaces are namespace patterns (package hub/pattern) several clusters may own
 	// at once; outside them, overlapping namespace ownership is a configuration error.
 	SharedNamespaces []string `json:"sharedNamespaces,omitempty"`
@@ -187,6 +197,11 @@ func Defaults() *Config {
 		// bench, noisy-neighbour row). A push carries every change since the last, so 20/s
 		// loses no change; the burst covers a minion's initial sync (a push per collection).
 		Quotas: QuotaConfig{MaxObjects: 200_000, MaxBytes: 512 << 20, PushesPerSecond: 20, PushBurst: 300},
+		// A tenant of many clusters and sink fleets: its fleets may all reconnect at once
+		// after a hub restart (the burst), a few clusters may push at their quota together,
+		// and no tenant alone can fill the hub's memory or stream table.
+		TenantLimits: TenantLimits{MaxStreams: 20_000, StreamsPerSecond: 200, StreamBurst: 2_000, PushesPerSecond: 100, PushBurst: 1_000,
+			MaxObjects: 1_000_000, MaxBytes: 2 << 30},
 	}
 }
 
@@ -355,32 +370,34 @@ func (c *Config) canonicalCollections() error {
 	} else if c.Collections, err = table.ResolveAll("collections", c.Collections); err != nil {
 		return err
 	}
-	for i := range c.Clusters {
-		cl := &c.Clusters[i]
-		if len(cl.Collections) > 0 {
-			if cl.Collections, err = table.ResolveAll(fmt.Sprintf("clusters[%d] (%q).collections", i, cl.Name), cl.Collections); err != nil {
-				return err
+	for _, g := range c.tenantGroups() {
+		for i := range g.Clusters {
+			cl := &g.Clusters[i]
+			if len(cl.Collections) > 0 {
+				if cl.Collections, err = table.ResolveAll(fmt.Sprintf("%sclusters[%d] (%q).collections", g.field, i, cl.Name), cl.Collections); err != nil {
+					return err
+				}
+			}
+			if len(cl.ClusterScoped) > 0 {
+				if cl.ClusterScoped, err = table.ResolveAll(fmt.Sprintf("%sclusters[%d] (%q).clusterScoped", g.field, i, cl.Name), cl.ClusterScoped); err != nil {
+					return err
+				}
 			}
 		}
-		if len(cl.ClusterScoped) > 0 {
-			if cl.ClusterScoped, err = table.ResolveAll(fmt.Sprintf("clusters[%d] (%q).clusterScoped", i, cl.Name), cl.ClusterScoped); err != nil {
-				return err
+		// A routing rule's collections are patterns; one without a wildcard is a name, typed
+		// like any other.
+		for i := range g.Routing.Rules {
+			r := &g.Routing.Rules[i]
+			for j, p := range r.Collections {
+				if strings.ContainsAny(p, "*?[") {
+					continue
+				}
+				k, err := table.Resolve(p)
+				if err != nil {
+					return fmt.Errorf("%srouting.rules[%d].collections[%d]: %w", g.field, i, j, err)
+				}
+				r.Collections[j] = k.Collection
 			}
-		}
-	}
-	// A routing rule's collections are patterns; one without a wildcard is a name, typed
-	// like any other.
-	for i := range c.Routing.Rules {
-		r := &c.Routing.Rules[i]
-		for j, p := range r.Collections {
-			if strings.ContainsAny(p, "*?[") {
-				continue
-			}
-			k, err := table.Resolve(p)
-			if err != nil {
-				return fmt.Errorf("routing.rules[%d].collections[%d]: %w", i, j, err)
-			}
-			r.Collections[j] = k.Collection
 		}
 	}
 	if len(c.Staleness.Collections) == 0 {
@@ -419,12 +436,12 @@ func (c *Config) SPIFFETrustDomain() string {
 
 // compiled is what a valid Config means: built by compile, never changed after.
 type compiled struct {
-	policy      *acl.Policy
-	routes      *routing.Table
-	identity    map[string]string // identity -> cluster
+	tenants     *tenancy.Set
+	tenant      map[string]*tenantComp // by name: each tenant's ownership and routing
+	identity    map[string]string      // identity -> cluster
 	clusters    map[string]ClusterConfig
 	served      []string  // Config.Collections
-	ownership   ownership // what policy is built from
+	ownership   ownership // what the tenants' policies are built from
 	trustDomain string    // SPIFFETrustDomain
 	insecure    bool
 	kindTable   *kinds.Table // the built-in and configured kinds
@@ -452,11 +469,21 @@ func (c *compiled) breakerFor(cluster string) BreakerConfig {
 	return c.breaker.over(c.clusters[cluster].Breaker)
 }
 
-// ownership is what the ownership policy is built from: two equal ones refuse the same
-// resources.
+// ownership is what the tenants' ownership policies are built from: two equal ones refuse
+// the same resources.
 type ownership struct {
-	owners       []acl.Cluster
+	owners       map[string][]acl.Cluster // by tenant
 	domainSuffix string
+}
+
+// check decides whether cluster may publish o, under its tenant's ownership: a refusal
+// names only clusters of the same tenant.
+func (c *compiled) check(cluster string, o acl.Object) error {
+	t := c.tenant[c.tenants.OfCluster(cluster)]
+	if t == nil {
+		return &acl.Rejection{Reason: fmt.Sprintf("cluster %q is not in the hub's configuration", cluster)}
+	}
+	return t.policy.Check(cluster, o)
 }
 
 // collections returns the collections the hub asks cluster's source for: its own, else
@@ -575,58 +602,22 @@ func (c *Config) compile() (*compiled, error) {
 	if c.Breaker.MaxDeleteShare == 0 {
 		return nil, errors.New("breaker.maxDeleteShare: required (0.5 holds deletions of more than half of what a cluster serves)")
 	}
-	if len(c.Clusters) == 0 {
+	if err := c.checkTenantsShape(); err != nil {
+		return nil, err
+	}
+	if err := c.TenantLimits.check("tenantLimits"); err != nil {
+		return nil, err
+	}
+	if len(c.allClusters()) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
 	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker,
-		quotas: c.Quotas, maxMessage: c.MaxMessageSize}
-	owners := make([]acl.Cluster, 0, len(c.Clusters))
-	for i, cl := range c.Clusters {
-		field := fmt.Sprintf("clusters[%d]", i)
-		if cl.Name == "" {
-			return nil, fmt.Errorf("%s.name: required", field)
-		}
-		if _, dup := out.clusters[cl.Name]; dup {
-			return nil, fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
-		}
-		if err := kindTable.CheckCanonical(field+".clusterScoped", cl.ClusterScoped); err != nil {
+		quotas: c.Quotas, maxMessage: c.MaxMessageSize, ownership: ownership{owners: map[string][]acl.Cluster{}, domainSuffix: c.DomainSuffix}}
+	groups := c.tenantGroups()
+	for _, g := range groups {
+		if err := out.addClusters(c, g, kindTable, seenColl, td); err != nil {
 			return nil, err
 		}
-		if err := cl.Breaker.check(fmt.Sprintf("%s (%q).breaker", field, cl.Name)); err != nil {
-			return nil, err
-		}
-		if err := cl.Quotas.check(fmt.Sprintf("%s (%q).quotas", field, cl.Name), c.MaxMessageSize); err != nil {
-			return nil, err
-		}
-		if cl.Quotas != nil && cl.Quotas.MaxCollectionBytes != 0 {
-			return nil, fmt.Errorf("%s (%q).quotas.maxCollectionBytes: a bound of the hub (all clusters together): set it under quotas", field, cl.Name)
-		}
-		out.clusters[cl.Name] = cl
-		seen := map[string]bool{}
-		for j, coll := range cl.Collections {
-			if !seenColl[coll] || seen[coll] {
-				return nil, fmt.Errorf("%s (%q).collections[%d]: %q is not one of the hub's collections, or is listed twice", field, cl.Name, j, coll)
-			}
-			seen[coll] = true
-		}
-		ids := cl.Identities
-		if len(ids) == 0 && td != "" {
-			ids = []string{ClusterIdentity(td, cl.Name)}
-		}
-		if len(ids) == 0 {
-			return nil, fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
-		}
-		for j, id := range ids {
-			if kind, _, _ := meshtls.ParseID(td, id); td != "" && kind != meshtls.KindCluster {
-				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
-					field, cl.Name, j, id, td, td)
-			}
-			if other, dup := out.identity[id]; dup || id == "" {
-				return nil, fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)
-			}
-			out.identity[id] = cl.Name
-		}
-		owners = append(owners, acl.Cluster{Name: cl.Name, Namespaces: cl.Namespaces, Hosts: cl.Hosts, ClusterScoped: cl.ClusterScoped})
 	}
 	seenSinks := map[string]bool{}
 	for i, d := range c.DialSinks {
@@ -658,30 +649,65 @@ func (c *Config) compile() (*compiled, error) {
 			return nil, err
 		}
 	}
-	var err error
-	out.ownership = ownership{owners: owners, domainSuffix: c.DomainSuffix}
-	if out.policy, err = acl.New(owners, acl.Options{DomainSuffix: c.DomainSuffix}); err != nil {
+	if err := c.compileTenants(out, groups); err != nil {
 		return nil, err
 	}
-	shared, err := pattern.ParseNamespaces("sharedNamespaces", c.SharedNamespaces)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkNamespaceOverlap(c.Clusters, shared); err != nil {
-		return nil, err
-	}
-	// Rules may select by node ids alone where sink makes them the certificates' names, and in
-	// insecure development mode, where identities are a header anyone sets, so requiring one
-	// beside a node id would prove nothing (a rule tried there keeps its meaning under a trust
-	// domain). Annotations only narrow, everywhere.
-	if out.routes, err = routing.New(c.Routing, routing.Options{NodeIDsProven: out.nodeIDsProven() || c.Insecure}); err != nil {
-		return nil, fmt.Errorf("routing.%w", err)
-	}
-	if err := c.checkSinkTrust(out); err != nil {
+	if err := c.checkDialSinkTrust(out); err != nil {
 		return nil, err
 	}
 	out.kindTable = kindTable
 	return out, nil
+}
+
+// addClusters checks a tenant's clusters and adds them, with their identities, to out.
+func (out *compiled) addClusters(c *Config, g tenantGroup, kindTable *kinds.Table, seenColl map[string]bool, td string) error {
+	for i, cl := range g.Clusters {
+		field := fmt.Sprintf("%sclusters[%d]", g.field, i)
+		if cl.Name == "" {
+			return fmt.Errorf("%s.name: required", field)
+		}
+		if _, dup := out.clusters[cl.Name]; dup {
+			return fmt.Errorf("%s.name: %q is used twice", field, cl.Name)
+		}
+		if err := kindTable.CheckCanonical(field+".clusterScoped", cl.ClusterScoped); err != nil {
+			return err
+		}
+		if err := cl.Breaker.check(fmt.Sprintf("%s (%q).breaker", field, cl.Name)); err != nil {
+			return err
+		}
+		if err := cl.Quotas.check(fmt.Sprintf("%s (%q).quotas", field, cl.Name), c.MaxMessageSize); err != nil {
+			return err
+		}
+		if cl.Quotas != nil && cl.Quotas.MaxCollectionBytes != 0 {
+			return fmt.Errorf("%s (%q).quotas.maxCollectionBytes: a bound of the hub (all clusters together): set it under quotas", field, cl.Name)
+		}
+		out.clusters[cl.Name] = cl
+		seen := map[string]bool{}
+		for j, coll := range cl.Collections {
+			if !seenColl[coll] || seen[coll] {
+				return fmt.Errorf("%s (%q).collections[%d]: %q is not one of the hub's collections, or is listed twice", field, cl.Name, j, coll)
+			}
+			seen[coll] = true
+		}
+		ids := cl.Identities
+		if len(ids) == 0 && td != "" {
+			ids = []string{ClusterIdentity(td, cl.Name)}
+		}
+		if len(ids) == 0 {
+			return fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
+		}
+		for j, id := range ids {
+			if kind, _, _ := meshtls.ParseID(td, id); td != "" && kind != meshtls.KindCluster {
+				return fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
+					field, cl.Name, j, id, td, td)
+			}
+			if other, dup := out.identity[id]; dup || id == "" {
+				return fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)
+			}
+			out.identity[id] = cl.Name
+		}
+	}
+	return nil
 }
 
 // checkNamespaceOverlap refuses two clusters owning a common namespace outside the shared

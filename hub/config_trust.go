@@ -27,40 +27,49 @@ const noTrustDomain = "trustDomain: required with tls unless every sink is named
 // In every mode, a rule for sinks naming a cluster's identity exactly is refused: a cluster
 // subscribes as a relay, which only relays rules select, and a minion's certificate must not
 // read as a sink's.
-func (c *Config) checkSinkTrust(comp *compiled) error {
-	for i, r := range c.Routing.Rules {
+func (c *Config) checkSinkTrust(comp *compiled, g tenantGroup) error {
+	for i, r := range g.Routing.Rules {
 		if r.Relays || r.Unauthenticated {
 			continue
 		}
 		for j, id := range r.Identities {
 			if cluster, ok := comp.identity[id]; ok {
-				return fmt.Errorf("routing.rules[%d] (%q).identities[%d]: %q is cluster %q's identity: a cluster subscribes only as a relay, which only rules with relays: true select",
-					i, r.Name, j, id, cluster)
+				return fmt.Errorf("%srouting.rules[%d] (%q).identities[%d]: %q is cluster %q's identity: a cluster subscribes only as a relay, which only rules with relays: true select",
+					g.field, i, r.Name, j, id, cluster)
 			}
 		}
 	}
 	if c.Insecure || comp.trustDomain != "" {
 		return nil
 	}
-	if c.Routing.Default != nil {
-		return fmt.Errorf("%s: routing.default would serve any of them; set trustDomain, or replace the default with rules naming exact identities", noTrustDomain)
+	if g.Routing.Default != nil {
+		return fmt.Errorf("%s: %srouting.default would serve any of them; set trustDomain, or replace the default with rules naming exact identities", noTrustDomain, g.field)
 	}
-	for i, r := range c.Routing.Rules {
+	for i, r := range g.Routing.Rules {
 		if r.Relays || r.Unauthenticated {
 			// Relays are admitted only for configured clusters' identities (authenticateRelay);
 			// unauthenticated sinks only on their own listener.
 			continue
 		}
 		if len(r.Identities) == 0 {
-			return fmt.Errorf("%s: routing.rules[%d] (%q) names no identities, so it would serve any of them; set trustDomain, or list its sinks' identities",
-				noTrustDomain, i, r.Name)
+			return fmt.Errorf("%s: %srouting.rules[%d] (%q) names no identities, so it would serve any of them; set trustDomain, or list its sinks' identities",
+				noTrustDomain, g.field, i, r.Name)
 		}
 		for j, id := range r.Identities {
 			if strings.Contains(id, "*") {
-				return fmt.Errorf("%s: routing.rules[%d] (%q).identities[%d] %q is a pattern, which may match any of them; set trustDomain, or list exact identities",
-					noTrustDomain, i, r.Name, j, id)
+				return fmt.Errorf("%s: %srouting.rules[%d] (%q).identities[%d] %q is a pattern, which may match any of them; set trustDomain, or list exact identities",
+					noTrustDomain, g.field, i, r.Name, j, id)
 			}
 		}
+	}
+	return nil
+}
+
+// checkDialSinkTrust refuses, with TLS and no trust domain, a dialed sink without the
+// identity a rule names (see checkSinkTrust).
+func (c *Config) checkDialSinkTrust(comp *compiled) error {
+	if c.Insecure || comp.trustDomain != "" {
+		return nil
 	}
 	for i, d := range c.DialSinks {
 		if d.Identity == "" {

@@ -278,11 +278,11 @@ func TestSinkIdentity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := testHub(t, strings.Replace(twoClusters, "routing: {default: {name: all}}", "routing: {default: {name: all}, rules: [{name: prod, nodeIds: [prod-*]}]}", 1))
-			tc.comp.routes = h.current().comp.routes
+			tc.comp.tenant, tc.comp.tenants = h.current().comp.tenant, h.current().comp.tenants
 			if s := tc.comp.sink(tc.identity, tc.node, nil); s.NodeID != tc.wantNode || s.Identity != tc.identity {
 				t.Errorf("sink = %+v, want node %q", s, tc.wantNode)
 			}
-			if got := strings.Join(tc.comp.subset(tc.identity, tc.node, nil).Rules(), ","); got != tc.wantRule {
+			if got := strings.Join(tc.comp.routeOf(tc.identity, tc.node, nil).sub.Rules(), ","); got != tc.wantRule {
 				t.Errorf("rules = %q, want %q", got, tc.wantRule)
 			}
 		})

@@ -293,10 +293,14 @@ func runGolden(t *testing.T, path string) {
 	}
 	live := h.current().cfg
 	for _, w := range watched {
-		sub := h.current().comp.subset(w.s.Identity, w.s.Node, w.s.Annotations)
-		fmt.Fprintf(&b, "sink identity=%q node=%q -> rules [%s]\n", w.s.Identity, w.s.Node, sub.Key())
-		// What the shared view holds must equal a fresh computation for the subset.
-		fresh := h.store.served(sub)
+		rt := h.current().comp.routeOf(w.s.Identity, w.s.Node, w.s.Annotations)
+		tenant := ""
+		if !h.current().comp.tenants.Single() {
+			tenant = fmt.Sprintf(" tenant %q", rt.tenant)
+		}
+		fmt.Fprintf(&b, "sink identity=%q node=%q ->%s rules [%s]\n", w.s.Identity, w.s.Node, tenant, rt.sub.Key())
+		// What the shared view holds must equal a fresh computation for the route.
+		fresh := h.store.served(rt)
 		for _, coll := range live.Collections {
 			var lines []string
 			for _, e := range w.colls[coll].Snapshot().Entries {

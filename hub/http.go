@@ -2,6 +2,7 @@ package hub
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,26 +19,34 @@ import (
 // The admin API: what the hub holds, serves and refused, and to whom, as package hub/api
 // defines it.
 
-// Why explains collection/name.
-func (h *Hub) Why(collection, name string) api.Why {
-	cands, why := h.store.candidates(collection, name)
+// Why explains collection/name, for the vendor.
+func (h *Hub) Why(collection, name string) api.Why { return h.why(vendor(h.current().comp), collection, name) }
+
+// why explains collection/name as v may see it: only candidates v sees, refusals of v's
+// clusters and v's sinks; of another tenant's object, v learns nothing (it is not served,
+// as far as v can tell).
+func (h *Hub) why(v viewer, collection, name string) api.Why {
+	cands, why := h.store.candidates(v, collection, name)
 	w := api.Why{Collection: collection, Name: name, Candidates: cands, Conflict: why, Rejected: []api.Refused{}, Sinks: []api.WhySink{}}
 	if w.Candidates == nil {
 		w.Candidates = []api.Candidate{}
 	}
-	if len(w.Candidates) > 0 {
+	if len(w.Candidates) > 0 && w.Candidates[0].Served {
 		w.Served = &w.Candidates[0]
 	}
 	for _, cs := range h.clusterList() {
+		if !v.ownsCluster(cs.name) {
+			continue
+		}
 		cs.mu.Lock()
 		if reason, ok := cs.rejections[collection][name]; ok {
 			w.Rejected = append(w.Rejected, api.Refused{Cluster: cs.name, Reason: reason})
 		}
 		cs.mu.Unlock()
 	}
-	if r, ok := h.store.winner(collection, name); ok {
-		for _, s := range h.sinks.list(h.current().comp) {
-			if !s.subset.Includes(collection, r.cluster, r.namespace, r.labels) {
+	if r, ok := h.store.winner(collection, name); ok && v.sees(r) {
+		for _, s := range h.sinks.list(v.comp) {
+			if !v.seesRoute(s.route) || !s.route.includes(collection, r.cluster, r.namespace, r.labels) {
 				continue
 			}
 			ws := api.WhySink{Stream: s.Stream, Protocol: s.Protocol, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
@@ -62,9 +71,12 @@ func (h *Hub) Why(collection, name string) api.Why {
 }
 
 // Clusters returns every configured cluster's state.
-func (h *Hub) Clusters() []api.ClusterStatus {
+func (h *Hub) Clusters() []api.ClusterStatus { return h.clusterStatuses(vendor(h.current().comp)) }
+
+// clusterStatuses returns the state of every configured cluster v owns.
+func (h *Hub) clusterStatuses(v viewer) []api.ClusterStatus {
 	lost := map[string]map[string]map[string]string{} // cluster -> collection -> name -> winner
-	for _, c := range h.store.conflicts() {
+	for _, c := range h.store.conflicts(v) {
 		for _, l := range c.Losers {
 			if lost[l] == nil {
 				lost[l] = map[string]map[string]string{}
@@ -78,7 +90,11 @@ func (h *Hub) Clusters() []api.ClusterStatus {
 	cl := h.clusterList()
 	out := make([]api.ClusterStatus, 0, len(cl))
 	for _, cs := range cl {
+		if !v.ownsCluster(cs.name) {
+			continue
+		}
 		st := cs.status()
+		st.Tenant = v.comp.tenants.OfCluster(cs.name)
 		st.Resources = h.store.counts(cs.name)
 		st.Conflicts = lost[cs.name]
 		st.Breaker = h.store.breaker(cs.data)
@@ -90,25 +106,42 @@ func (h *Hub) Clusters() []api.ClusterStatus {
 
 // Sinks returns the connected sinks (MCP dialed in or dialed out, MCP over xDS) with their
 // rules and per-collection (over xDS, per-type) push and ACK state.
-func (h *Hub) Sinks() []api.SinkStatus {
-	listed := h.sinks.list(h.current().comp)
-	out := make([]api.SinkStatus, len(listed))
-	for i, s := range listed {
-		out[i] = s.SinkStatus
+func (h *Hub) Sinks() []api.SinkStatus { return h.sinkList(vendor(h.current().comp)) }
+
+// sinkList returns the connected sinks of v's tenant.
+func (h *Hub) sinkList(v viewer) []api.SinkStatus {
+	out := []api.SinkStatus{}
+	for _, s := range h.sinks.list(v.comp) {
+		if v.seesRoute(s.route) {
+			out = append(out, s.SinkStatus)
+		}
 	}
 	return out
 }
 
 // Conflicts returns every collection/name several clusters publish, with the winner.
-func (h *Hub) Conflicts() []api.Conflict { return h.store.conflicts() }
+func (h *Hub) Conflicts() []api.Conflict { return h.store.conflicts(vendor(h.current().comp)) }
 
 // DryRun returns what a sink with this identity and SinkNode receives now, or, given a
 // candidate configuration, what it would receive under it (its routing and ownership; the
 // stored resources and the running conflict order) and how that differs from now. A
 // candidate that does not validate is an error naming the field.
 func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, candidate *Config) (api.DryRun, error) {
-	now := h.current().comp.subset(identity, nodeID, annotations)
-	d := api.DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Rules: now.Rules(), Resources: h.store.served(now)}
+	return h.dryRun(vendor(h.current().comp), identity, nodeID, annotations, candidate)
+}
+
+// errNotYours answers a tenant's operator asking about what is not the tenant's.
+var errNotYours = errors.New("not yours")
+
+// dryRun is DryRun for v: a tenant's operator asks about the tenant's sinks only, and sees
+// of a candidate's answer only what the tenant sees now (a candidate configuration is the
+// whole hub's, and could move another tenant's objects to it).
+func (h *Hub) dryRun(v viewer, identity, nodeID string, annotations map[string]string, candidate *Config) (api.DryRun, error) {
+	now := v.comp.routeOf(identity, nodeID, annotations)
+	if !v.seesRoute(now) {
+		return api.DryRun{}, fmt.Errorf("identity %q: %w: it is not one of tenant %q's sinks", identity, errNotYours, v.tenant)
+	}
+	d := api.DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Tenant: now.tenant, Rules: now.sub.Rules(), Resources: h.store.served(now)}
 	if candidate == nil {
 		return d, nil
 	}
@@ -116,11 +149,14 @@ func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, can
 	if err != nil {
 		return d, err
 	}
-	sub := comp.subset(identity, nodeID, annotations)
-	would := h.store.servedWith(sub, func(r *resource) bool {
-		return comp.configured(r.cluster) && comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
+	rt := comp.routeOf(identity, nodeID, annotations)
+	would := h.store.servedWith(rt, func(r *resource) bool {
+		return v.sees(r) && comp.configured(r.cluster) && comp.check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
 	})
-	d.Candidate, d.Rules = true, sub.Rules()
+	d.Candidate, d.Rules, d.Tenant = true, rt.sub.Rules(), rt.tenant
+	if !v.isVendor() && rt.tenant != v.tenant {
+		d.Tenant = "" // another tenant's, under the candidate: not this operator's to know which
+	}
 	d.Added, d.Removed, d.Changed = map[string][]string{}, map[string][]string{}, map[string][]string{}
 	for coll, names := range would {
 		for n, v := range names {
@@ -146,6 +182,56 @@ func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, can
 	return d, nil
 }
 
+// owners answers who owns a host or a namespace, for v: the vendor learns the clusters and
+// their tenant; a tenant's operator learns its own clusters that own it, or, when none does,
+// only that it is not theirs (whether another tenant owns it is not theirs to know).
+func (h *Hub) owners(v viewer, q api.Owners) api.Owners {
+	ask := func(t *tenantComp) []string {
+		if q.Host != "" {
+			return t.policy.OwnersOfHost(q.Host)
+		}
+		return t.policy.OwnersOfNamespace(q.Namespace)
+	}
+	if !v.isVendor() {
+		q.Clusters = orEmpty(ask(v.comp.tenant[v.tenant]))
+		q.NotYours = len(q.Clusters) == 0
+		return q
+	}
+	q.Clusters = []string{}
+	for _, name := range v.comp.tenants.Names() {
+		if owners := ask(v.comp.tenant[name]); len(owners) > 0 {
+			q.Clusters = append(q.Clusters, owners...)
+			q.Tenant = name // claims of two tenants never overlap
+		}
+	}
+	return q
+}
+
+// tenants lists the tenants v sees, with the exports that concern each.
+func (h *Hub) tenants(v viewer) []api.Tenant {
+	counts := map[string]int{}
+	for _, s := range h.sinks.list(v.comp) {
+		counts[s.route.tenant]++
+	}
+	out := []api.Tenant{}
+	for _, name := range v.comp.tenants.Names() {
+		if !v.isVendor() && name != v.tenant {
+			continue
+		}
+		t := api.Tenant{Name: name, Clusters: orEmpty(v.comp.tenants.Clusters(name)), Sinks: orEmpty(v.comp.tenants.Sinks(name)), ConnectedSinks: counts[name], Exports: []api.Export{}}
+		// The vendor sees each export once, under its exporter, with every target; a
+		// tenant's operator those from and to the tenant.
+		for _, x := range v.comp.tenants.Exports(v.tenant) {
+			if v.isVendor() && x.From != name {
+				continue
+			}
+			t.Exports = append(t.Exports, api.Export{Name: x.Name, From: x.From, To: x.To, Clusters: x.Clusters, Collections: x.Collections, Namespaces: x.Namespaces, Labels: x.Labels})
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
 // httpHandler is the admin API, /metrics, the probes and pprof; a layer may add routes.
 // The http and adminTLS listeners serve it alike; only its actions ask who is calling.
 func (h *Hub) httpHandler() *http.ServeMux {
@@ -159,8 +245,9 @@ func (h *Hub) httpHandler() *http.ServeMux {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Clusters()) })
-	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Sinks()) })
+	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, h.clusterStatuses(h.viewerOf(r))) })
+	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, h.sinkList(h.viewerOf(r))) })
+	mux.HandleFunc("/api/tenants", func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, h.tenants(h.viewerOf(r))) })
 	mux.HandleFunc("/api/why", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		if q.Get("collection") == "" || q.Get("name") == "" {
@@ -172,19 +259,20 @@ func (h *Hub) httpHandler() *http.ServeMux {
 			http.Error(w, "collection: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		WriteJSON(w, h.Why(coll, q.Get("name")))
+		WriteJSON(w, h.why(h.viewerOf(r), coll, q.Get("name")))
 	})
 	mux.HandleFunc("/api/state", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.stateStatus()) })
 	mux.HandleFunc("/api/kinds", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.servedKinds()) })
-	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.Conflicts()) })
+	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, r *http.Request) {
+		WriteJSON(w, orNone(h.store.conflicts(h.viewerOf(r))))
+	})
 	mux.HandleFunc("/api/owners", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		policy := h.current().comp.policy
 		switch {
 		case q.Get("host") != "":
-			WriteJSON(w, api.Owners{Host: q.Get("host"), Clusters: orEmpty(policy.OwnersOfHost(q.Get("host")))})
+			WriteJSON(w, h.owners(h.viewerOf(r), api.Owners{Host: q.Get("host")}))
 		case q.Get("namespace") != "":
-			WriteJSON(w, api.Owners{Namespace: q.Get("namespace"), Clusters: orEmpty(policy.OwnersOfNamespace(q.Get("namespace")))})
+			WriteJSON(w, h.owners(h.viewerOf(r), api.Owners{Namespace: q.Get("namespace")}))
 		default:
 			http.Error(w, "give ?host=NAME or ?namespace=NAME", http.StatusBadRequest)
 		}
@@ -212,7 +300,11 @@ func (h *Hub) httpHandler() *http.ServeMux {
 				return
 			}
 		}
-		d, err := h.DryRun(q.Get("identity"), q.Get("node"), ann, candidate)
+		d, err := h.dryRun(h.viewerOf(r), q.Get("identity"), q.Get("node"), ann, candidate)
+		if errors.Is(err, errNotYours) {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
 		if err != nil {
 			http.Error(w, "candidate configuration: "+err.Error(), http.StatusBadRequest)
 			return
@@ -225,6 +317,14 @@ func (h *Hub) httpHandler() *http.ServeMux {
 	mux.Handle("/metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}))
 	ops.AddPprof(mux)
 	return mux
+}
+
+// orNone is s, or an empty list (JSON [] rather than null).
+func orNone[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 func orEmpty(s []string) []string {

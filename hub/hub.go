@@ -119,7 +119,7 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		changed = h.stateChanged // otherwise nothing keeps what clusters sent beyond the store
 	}
 	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics, changed)
-	for _, c := range cfg.Clusters {
+	for _, c := range cfg.allClusters() {
 		h.addClusterLocked(c.Name)
 	}
 	if err := h.setupTLS(); err != nil {
@@ -323,7 +323,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	if h.adminTLS != nil {
 		// The same endpoints as http, marked as having come through this listener: only
 		// its requests carry a certificate the handshake verified (see operator).
-		addr, err := ops.ServeHTTPS(ctx, g, h.cfg.AdminTLS, viaAdminTLS(admin), h.adminTLS, h.log.With("listener", "adminTLS"))
+		addr, err := ops.ServeHTTPS(ctx, g, h.cfg.AdminTLS, h.viaAdminTLS(admin), h.adminTLS, h.log.With("listener", "adminTLS"))
 		if err != nil {
 			return errors.Join(fmt.Errorf("adminTLS: %w", err), h.stop(g))
 		}

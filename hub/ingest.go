@@ -203,7 +203,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 			hosts, err = acl.Hosts(c.Collection, r.GetBody().GetValue())
 		}
 		if err == nil {
-			err = cur.comp.policy.Check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
+			err = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
 		}
 		if err != nil {
 			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})

@@ -152,14 +152,15 @@ func (s *store) setPolicy(p ConflictPolicy) {
 	}
 }
 
-// conflicts lists every name held by more than one cluster.
-func (s *store) conflicts() []api.Conflict {
+// conflicts lists every name held by more than one cluster whose winner v sees (claims of
+// two tenants never overlap, so a conflict is within one tenant).
+func (s *store) conflicts(v viewer) []api.Conflict {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []api.Conflict
 	for coll, idx := range s.index {
 		for n, c := range idx {
-			if len(c) < 2 {
+			if len(c) < 2 || !v.ownsCluster(c[0].cluster) {
 				continue
 			}
 			cf := api.Conflict{Collection: coll, Name: n, Winner: c[0].cluster, Why: s.policy.why(c[0])}
@@ -178,24 +179,30 @@ func (s *store) conflicts() []api.Conflict {
 	return out
 }
 
-// candidates returns every cluster's resource for collection/name, the served one first
-// (each held one saying why it is held) and, when there are several, the rule that picked
-// the served one.
-func (s *store) candidates(collection, name string) (out []api.Candidate, why string) {
+// candidates returns every cluster's resource for collection/name that v sees, the served
+// one first (each held one saying why it is held) and, when there are several, the rule
+// that picked the served one. A served copy v does not see is not named.
+func (s *store) candidates(v viewer, collection, name string) (out []api.Candidate, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cands := s.index[collection][name]
-	if len(cands) > 1 {
+	if len(cands) > 1 && v.sees(cands[0]) {
 		why = s.policy.why(cands[0])
 	}
 	for i, r := range cands {
+		if !v.sees(r) {
+			continue
+		}
 		c := api.Candidate{Cluster: r.cluster, Version: r.served.Version, Served: i == 0}
 		if !r.created.IsZero() {
 			t := r.created
 			c.Created = &t
 		}
-		if i > 0 {
+		switch {
+		case i > 0 && v.sees(cands[0]):
 			c.HeldBecause = s.policy.explain(cands[0], r)
+		case i > 0:
+			c.HeldBecause = "another copy, not shared with your tenant, is served"
 		}
 		out = append(out, c)
 	}

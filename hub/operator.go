@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -31,15 +30,6 @@ const DevOperator = "loopback (development mode)"
 
 // adminTLSKey marks, in a request's context, that it came through the adminTLS listener.
 type adminTLSKey struct{}
-
-// viaAdminTLS serves next as the adminTLS listener: its requests carry a client
-// certificate that the handshake verified against the hub's bundle (meshtls refuses any
-// other), and operator takes an identity from no other request.
-func viaAdminTLS(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), adminTLSKey{}, true)))
-	})
-}
 
 // AdminTLSAddr returns the bound adminTLS address ("" until Run has opened it, or when it
 // is off).

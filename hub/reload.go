@@ -22,6 +22,8 @@ type ReloadResult struct {
 	// ClosedIngest and ClosedSinks are the streams closed so they reconnect under the new
 	// configuration (clusters whose ownership or identity changed; sinks routed elsewhere).
 	ClosedIngest, ClosedSinks int
+	// Views are the open views recomputed: those of the tenants whose sight changed.
+	Views int
 }
 
 // restartOnly are the fields a reload cannot change: they shape listeners and streams.
@@ -65,7 +67,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	// Clusters join before the configuration naming them is live, and leave after it is:
 	// an identity the live configuration maps always finds its cluster.
 	h.clustersMu.Lock()
-	for _, c := range next.Clusters {
+	for _, c := range next.allClusters() {
 		if h.clusters[c.Name] == nil {
 			h.addClusterLocked(c.Name)
 			h.log.Info("cluster added to the configuration", "cluster", c.Name)
@@ -95,7 +97,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		if !ok || cs == nil {
 			continue
 		}
-		changed := !reflect.DeepEqual(prev, c)
+		changed := !reflect.DeepEqual(prev, c) || old.comp.tenants.OfCluster(name) != comp.tenants.OfCluster(name)
 		if changed {
 			cs.renegotiate(h.mcpMetrics)
 		}
@@ -105,9 +107,10 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	}
 	// Merge, then views, then the sinks routed elsewhere.
 	h.store.setPolicy(ConflictPolicy{Priority: next.Conflicts.Priority})
-	h.store.reroute(comp.routes)
+	res.Views = h.store.reroute(comp, func(tenant string) bool { return !reflect.DeepEqual(old.comp.sight(tenant), comp.sight(tenant)) })
 	res.ClosedSinks = h.watchers.rerouted(comp)
-	h.log.Info("configuration reloaded", "refused", res.Refused, "held_by_breaker", res.Held, "closed_ingest_streams", res.ClosedIngest, "closed_sink_streams", res.ClosedSinks)
+	h.log.Info("configuration reloaded", "refused", res.Refused, "held_by_breaker", res.Held, "closed_ingest_streams", res.ClosedIngest,
+		"recomputed_views", res.Views, "closed_sink_streams", res.ClosedSinks)
 	h.checkReady() // a removed cluster is no longer waited for
 	return res, nil
 }
@@ -120,7 +123,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 func (h *Hub) recheckOwnership(comp *compiled, cause string) (map[string][]refusal, int) {
 	now := h.now()
 	refused, verdicts := h.store.recheck(func(r *resource) error {
-		return comp.policy.Check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts})
+		return comp.check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts})
 	}, func(cluster string) *breakerGuard {
 		return &breakerGuard{cfg: comp.breakerFor(cluster), now: now}
 	}, cause)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
@@ -57,9 +58,73 @@ func (c *compiled) streamSink(info *mcp.StreamInfo) routing.Sink {
 	return s
 }
 
-// subset is what sink gives a sink: its routing subset.
-func (c *compiled) subset(identity, nodeID string, annotations map[string]string) *routing.Subset {
-	return c.routes.Select(c.sink(identity, nodeID, annotations))
+// route is what a sink receives: what its tenant sees (its clusters' objects and what is
+// exported to it), narrowed by the routing subset its tenant's rules give it. Sinks with
+// the same route share one view.
+type route struct {
+	tenant  string // "": the sink is no tenant's, and receives nothing
+	sub     *routing.Subset
+	tenants *tenancy.Set
+}
+
+// key identifies the route's view: the tenant and its subset's rules (a tenant's name has
+// no "/").
+func (r route) key() string { return r.tenant + "/" + r.sub.Key() }
+
+func (r route) wantsCollection(collection string) bool { return r.sub.WantsCollection(collection) }
+
+// includes reports whether a resource of cluster is in the route: its tenant sees it and
+// its subset includes it.
+func (r route) includes(collection, cluster, namespace string, lbls map[string]string) bool {
+	return r.tenants.Sees(r.tenant, cluster, collection, namespace, lbls) && r.sub.Includes(collection, cluster, namespace, lbls)
+}
+
+// noRoutes selects nothing: the routing of a sink that is no tenant's.
+var noRoutes, _ = routing.New(routing.Config{}, routing.Options{})
+
+// route is the route of sink s: its tenant's (sinkTenant), by its tenant's rules.
+func (c *compiled) route(s routing.Sink) route {
+	name := c.sinkTenant(s)
+	if t := c.tenant[name]; t != nil {
+		return route{tenant: name, sub: t.routes.Select(s), tenants: c.tenants}
+	}
+	return route{sub: noRoutes.Select(s), tenants: c.tenants}
+}
+
+// routeByKey is the route a view's key names under c (a reload keeps each open view with
+// the new definitions of its rules), if its tenant and every one of its rules still exist.
+func (c *compiled) routeByKey(key string) (route, bool) {
+	name, subKey, _ := strings.Cut(key, "/")
+	table := noRoutes
+	if name != "" {
+		t := c.tenant[name]
+		if t == nil {
+			return route{}, false
+		}
+		table = t.routes
+	}
+	sub, ok := table.SubsetByKey(subKey)
+	return route{tenant: name, sub: sub, tenants: c.tenants}, ok
+}
+
+// sinkTenant is the tenant a sink belongs to: a relay's is its cluster's; a sink's is the
+// one whose sink identities match its own; a sink without an identity is the implicit
+// tenant's in a configuration without tenants, and no tenant's otherwise.
+func (c *compiled) sinkTenant(s routing.Sink) string {
+	switch {
+	case s.Relay:
+		return c.tenants.OfCluster(c.identity[s.Identity])
+	case s.Unauthenticated && !c.tenants.Single():
+		return ""
+	case s.Unauthenticated:
+		return DefaultTenant
+	}
+	return c.tenants.OfSink(s.Identity)
+}
+
+// routeOf is the route of a sink with this identity and SinkNode.
+func (c *compiled) routeOf(identity, nodeID string, annotations map[string]string) route {
+	return c.route(c.sink(identity, nodeID, annotations))
 }
 
 var errNotReady = errors.New("the hub is warming up")
@@ -168,10 +233,10 @@ func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (m
 		r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
 			"identity", info.Identity, "node_id", id, "collection", collection)
 	}
-	sub := cur.comp.routes.Select(sink)
-	cache, release := r.h.store.watch(sub)
+	rt := cur.comp.route(sink)
+	cache, release := r.h.store.watch(rt)
 	coll, cancel, ok := cache.Watch(info, collection, notify)
-	untrack := r.h.watchers.track(info, sub.Key())
+	untrack := r.h.watchers.track(info, rt.key())
 	return coll, func() { cancel(); release(); untrack() }, ok
 }
 
@@ -219,7 +284,7 @@ func (r *watchRegistry) rerouted(comp *compiled) int {
 	r.mu.Lock()
 	var stale []*mcp.StreamInfo
 	for info, w := range r.streams {
-		if comp.routes.Select(comp.streamSink(info)).Key() != w.key {
+		if comp.route(comp.streamSink(info)).key() != w.key {
 			stale = append(stale, info)
 		}
 	}
@@ -292,10 +357,10 @@ func (r *sinkRegistry) update(i *mcp.StreamInfo, coll string, f func(*api.SinkCo
 	f(c)
 }
 
-// listedSink is a connected sink with its subset under the running configuration.
+// listedSink is a connected sink with its route under the running configuration.
 type listedSink struct {
 	api.SinkStatus
-	subset *routing.Subset
+	route route
 }
 
 // list returns the connected sinks, by stream, with their subsets under comp: who each is
@@ -318,9 +383,9 @@ func (r *sinkRegistry) list(comp *compiled) []listedSink {
 		if e.info.Listener == relayListener {
 			cp.Downstream = relayed(e.info)
 		}
-		sub := comp.routes.Select(comp.streamSink(e.info)) // as the serving router asks
-		cp.Rules = sub.Rules()
-		out = append(out, listedSink{cp, sub})
+		rt := comp.route(comp.streamSink(e.info)) // as the serving router asks
+		cp.Rules, cp.Tenant = rt.sub.Rules(), rt.tenant
+		out = append(out, listedSink{cp, rt})
 		return true
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })

@@ -5,18 +5,17 @@ import (
 	"sync"
 
 	"github.com/meshfed/meshfed/mcp"
-	"github.com/meshfed/meshfed/routing"
 )
 
-// The views: one mcp.Cache per distinct routing subset in use, holding the served form of
-// every winner the subset includes. Sinks with the same subset share it, and the engine
-// encodes each of its pushes once for all of them.
+// The views: one mcp.Cache per distinct route in use (a tenant and a routing subset of its
+// rules), holding the served form of every winner the route includes. Sinks with the same
+// route share it, and the engine encodes each of its pushes once for all of them.
 
-// view is what one routing subset receives: a cache every sink with that subset shares.
+// view is what one route receives: a cache every sink with that route shares.
 type view struct {
-	subset *routing.Subset
-	cache  *mcp.Cache
-	refs   int // open watches
+	route route
+	cache *mcp.Cache
+	refs  int // open watches
 }
 
 // publishLocked brings every view up to date for the touched names of collection.
@@ -25,13 +24,13 @@ func (s *store) publishLocked(collection string, touched map[string]bool) {
 		return
 	}
 	for _, v := range s.views {
-		if !v.subset.WantsCollection(collection) {
+		if !v.route.wantsCollection(collection) {
 			continue
 		}
 		var put []*mcp.Entry
 		var remove []string
 		for n := range touched {
-			if w := s.winnerLocked(collection, n); w != nil && v.subset.Includes(collection, w.cluster, w.namespace, w.labels) {
+			if w := s.winnerLocked(collection, n); w != nil && v.route.includes(collection, w.cluster, w.namespace, w.labels) {
 				put = append(put, w.served)
 			} else {
 				remove = append(remove, n)
@@ -42,30 +41,31 @@ func (s *store) publishLocked(collection string, touched map[string]bool) {
 	}
 }
 
-// includedLocked returns what sub includes of collection now: name -> served entry.
-func (s *store) includedLocked(sub *routing.Subset, collection string) map[string]*mcp.Entry {
+// includedLocked returns what rt includes of collection now: name -> served entry.
+func (s *store) includedLocked(rt route, collection string) map[string]*mcp.Entry {
 	out := map[string]*mcp.Entry{}
-	if !sub.WantsCollection(collection) {
+	if !rt.wantsCollection(collection) {
 		return out
 	}
 	for n, cands := range s.index[collection] {
-		if w := cands[0]; sub.Includes(collection, w.cluster, w.namespace, w.labels) {
+		if w := cands[0]; rt.includes(collection, w.cluster, w.namespace, w.labels) {
 			out[n] = w.served
 		}
 	}
 	return out
 }
 
-// watch opens a view for subset (building it on first use) and returns it with a release
+// watch opens a view for rt (building it on first use) and returns it with a release
 // function that drops the view when its last watch ends.
-func (s *store) watch(sub *routing.Subset) (*mcp.Cache, func()) {
+func (s *store) watch(rt route) (*mcp.Cache, func()) {
+	key := rt.key()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v := s.views[sub.Key()]
+	v := s.views[key]
 	if v == nil {
-		v = &view{subset: sub, cache: mcp.NewCache(s.collections...)}
+		v = &view{route: rt, cache: mcp.NewCache(s.collections...)}
 		for _, coll := range s.collections {
-			inc := s.includedLocked(sub, coll)
+			inc := s.includedLocked(rt, coll)
 			if len(inc) == 0 {
 				continue
 			}
@@ -75,7 +75,7 @@ func (s *store) watch(sub *routing.Subset) (*mcp.Cache, func()) {
 			}
 			v.cache.Put(coll, put...)
 		}
-		s.views[sub.Key()] = v
+		s.views[key] = v
 		s.metrics.views(len(s.views))
 	}
 	v.refs++
@@ -84,35 +84,35 @@ func (s *store) watch(sub *routing.Subset) (*mcp.Cache, func()) {
 		once.Do(func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if v.refs--; v.refs == 0 && s.views[sub.Key()] == v {
-				delete(s.views, sub.Key())
+			if v.refs--; v.refs == 0 && s.views[key] == v {
+				delete(s.views, key)
 				s.metrics.views(len(s.views))
 			}
 		})
 	}
 }
 
-// served returns what a subset receives now, per collection: name -> served version. It
+// served returns what a route receives now, per collection: name -> served version. It
 // builds nothing (for dry runs).
-func (s *store) served(sub *routing.Subset) map[string]map[string]string {
-	return s.servedWith(sub, nil)
+func (s *store) served(rt route) map[string]map[string]string {
+	return s.servedWith(rt, nil)
 }
 
 // servedWith is served where only resources allow accepts count (a candidate ownership):
 // for each name the first allowed candidate, in the current policy's order, is served.
-func (s *store) servedWith(sub *routing.Subset, allow func(*resource) bool) map[string]map[string]string {
+func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]map[string]string{}
 	for _, coll := range s.collections {
 		m := map[string]string{}
-		if sub.WantsCollection(coll) {
+		if rt.wantsCollection(coll) {
 			for n, cands := range s.index[coll] {
 				for _, w := range cands {
 					if allow != nil && !allow(w) {
 						continue
 					}
-					if sub.Includes(coll, w.cluster, w.namespace, w.labels) {
+					if rt.includes(coll, w.cluster, w.namespace, w.labels) {
 						m[n] = w.served.Version
 					}
 					break
@@ -124,20 +124,27 @@ func (s *store) servedWith(sub *routing.Subset, allow func(*resource) bool) map[
 	return out
 }
 
-// reroute gives every open view the new definition of its rules and pushes only the
-// difference. A view whose rules no longer all exist keeps its content: its sinks are
-// routed elsewhere and closed by the caller, and the view goes with its last watch.
-func (s *store) reroute(table *routing.Table) {
+// reroute gives every open view the new definition of its route under comp, and pushes
+// only the difference to the views of the tenants affected says changed (what the others
+// see is the same). A view whose tenant or rules no longer all exist keeps its content:
+// its sinks are routed elsewhere and closed by the caller, and the view goes with its last
+// watch. It returns how many views it recomputed.
+func (s *store) reroute(comp *compiled, affected func(tenant string) bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	recomputed := 0
 	for key, v := range s.views {
-		sub, ok := table.SubsetByKey(key)
+		rt, ok := comp.routeByKey(key)
 		if !ok {
 			continue
 		}
-		v.subset = sub
+		v.route = rt
+		if !affected(rt.tenant) {
+			continue
+		}
+		recomputed++
 		for _, coll := range s.collections {
-			want := s.includedLocked(sub, coll)
+			want := s.includedLocked(rt, coll)
 			var put []*mcp.Entry
 			var remove []string
 			have := map[string]bool{}
@@ -160,4 +167,5 @@ func (s *store) reroute(table *routing.Table) {
 			}
 		}
 	}
+	return recomputed
 }

@@ -13,6 +13,7 @@
 //	/api/owners?host=H | ?namespace=N Owners
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
+//	/api/tenants                      []Tenant
 //	/api/state                        State: the file keeping the clusters' last-known state
 //
 // Who may read them: anyone who reaches the hub's http listener, which carries no identity
@@ -41,6 +42,8 @@ const OriginAnnotation = "meshfed.io/origin-cluster"
 // ClusterStatus is one configured cluster.
 type ClusterStatus struct {
 	Name string `json:"name"`
+	// Tenant is the tenant the cluster belongs to.
+	Tenant string `json:"tenant"`
 	// Connected: a stream carrying the cluster's state is open (its minion's, pushed or
 	// polled, or, with replicas, one from the replica holding it).
 	Connected bool `json:"connected"`
@@ -131,6 +134,8 @@ type SinkStatus struct {
 	// Protocol is "mcp" (MCP ResourceSource, or the hub's dial-out) or "xds" (MCP over xDS).
 	Protocol string `json:"protocol"`
 	Identity string `json:"identity"`
+	// Tenant is the tenant it belongs to ("" for none: it receives nothing).
+	Tenant string `json:"tenant,omitempty"`
 	// Unauthenticated: it came in on serveUnauthenticated without a certificate; its node
 	// id and annotations, which routed it, are only what it claims.
 	Unauthenticated bool `json:"unauthenticated,omitempty"`
@@ -257,6 +262,8 @@ type DryRun struct {
 	Identity    string            `json:"identity"`
 	NodeID      string            `json:"nodeId"`
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Tenant it belongs to (under the candidate configuration, if one was given).
+	Tenant string `json:"tenant,omitempty"`
 	// Rules that select it (under the candidate configuration, if one was given).
 	Rules []string `json:"rules"`
 	// Resources it would receive: collection -> name -> served version.
@@ -274,6 +281,11 @@ type Owners struct {
 	Host      string   `json:"host,omitempty"`
 	Namespace string   `json:"namespace,omitempty"`
 	Clusters  []string `json:"clusters"`
+	// Tenant owning it, for the vendor's operators.
+	Tenant string `json:"tenant,omitempty"`
+	// NotYours: asked by a tenant's operator, another tenant owns it; which, and who, is
+	// not theirs to know.
+	NotYours bool `json:"notYours,omitempty"`
 }
 
 // ReplicaStatus is the replica view of one replica.
@@ -297,4 +309,28 @@ type Replica struct {
 	MCPAddr string `json:"mcpAddr"`
 	// Holding maps each cluster whose session it holds to the session's epoch.
 	Holding map[string]uint64 `json:"holding"`
+}
+
+// Tenant is one tenant as the admin API shows it: its clusters, its sinks' identities, and
+// the exports that concern it (to a tenant's operator, an export from another tenant names
+// only that it is shared with theirs).
+type Tenant struct {
+	Name     string   `json:"name"`
+	Clusters []string `json:"clusters"`
+	Sinks    []string `json:"sinks"`
+	// ConnectedSinks is how many of its sinks' streams are open.
+	ConnectedSinks int      `json:"connectedSinks"`
+	Exports        []Export `json:"exports"`
+}
+
+// Export is one export: From shares what the conditions select (empty: everything) with
+// To.
+type Export struct {
+	Name        string   `json:"name"`
+	From        string   `json:"from"`
+	To          []string `json:"to"`
+	Clusters    []string `json:"clusters,omitempty"`
+	Collections []string `json:"collections,omitempty"`
+	Namespaces  []string `json:"namespaces,omitempty"`
+	Labels      string   `json:"labels,omitempty"`
 }

@@ -224,3 +224,26 @@ func (h Host) String() string {
 func isLabelChar(ch byte) bool {
 	return 'a' <= ch && ch <= 'z' || '0' <= ch && ch <= '9' || ch == '-'
 }
+
+// Overlap returns the hosts h and o both match, as a pattern, and whether there are any. A
+// Suffix pattern matches the names below its suffix, not the suffix itself: "*.a.com" and
+// "a.com" do not overlap.
+func (h Host) Overlap(o Host) (Host, bool) {
+	switch {
+	case h.kind == Any:
+		return o, true
+	case o.kind == Any:
+		return h, true
+	case h.kind == Exact && o.kind == Exact:
+		return h, h.body == o.body
+	case h.kind == Exact:
+		return h, strings.HasSuffix(h.body, o.body)
+	case o.kind == Exact:
+		return o, strings.HasSuffix(o.body, h.body)
+	case strings.HasSuffix(h.body, o.body): // both suffixes: the longer one is the overlap
+		return h, true
+	case strings.HasSuffix(o.body, h.body):
+		return o, true
+	}
+	return Host{}, false
+}

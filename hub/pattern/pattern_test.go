@@ -122,3 +122,28 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestHostOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		a, b, want string // want "" : no overlap
+	}{
+		{"*", "api.a.com", "api.a.com"}, {"*.a.com", "*", "*.a.com"}, {"*", "*", "*"},
+		{"api.a.com", "api.a.com", "api.a.com"}, {"api.a.com", "api.b.com", ""},
+		{"api.a.com", "*.a.com", "api.a.com"}, {"*.a.com", "x.y.a.com", "x.y.a.com"}, {"a.com", "*.a.com", ""},
+		{"*.a.com", "*.b.a.com", "*.b.a.com"}, {"*.b.a.com", "*.a.com", "*.b.a.com"}, {"*.a.com", "*.b.com", ""},
+		{"*.a.com", "*.xa.com", ""},
+	} {
+		a, _ := ParseHost(tc.a)
+		b, _ := ParseHost(tc.b)
+		got, ok := a.Overlap(b)
+		if tc.want == "" {
+			if ok {
+				t.Errorf("%q overlaps %q in %q; want none", tc.a, tc.b, got)
+			}
+			continue
+		}
+		if !ok || got.String() != tc.want {
+			t.Errorf("%q ∩ %q = %q, %v; want %q", tc.a, tc.b, got, ok, tc.want)
+		}
+	}
+}

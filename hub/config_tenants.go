@@ -1,0 +1,317 @@
+package hub
+
+import (
+	"fmt"
+
+	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/pattern"
+	"github.com/meshfed/meshfed/hub/tenancy"
+	"github.com/meshfed/meshfed/routing"
+)
+
+// Tenants: a vendor's hub serves many customers. Each tenant groups its clusters (their
+// identities and what they own) and its sink fleets (its sinks' identities and its routing
+// rules); package hub/tenancy decides who belongs to which and what each sees. Isolation
+// of what is seen: a tenant's sinks receive only its clusters' objects and what other
+// tenants export to it (a route's visibility, below); ownership is checked per tenant (one
+// acl.Policy each), so a refusal names only the tenant's own clusters; claims of two tenants
+// never overlap (checkTenantClaims), so no name is ever a conflict between tenants.
+
+// DefaultTenant is the tenant of a configuration without tenants: its clusters, routing and
+// sharedNamespaces are the top-level ones, every sink is its, and every operator sees it.
+const DefaultTenant = "default"
+
+// TenantConfig is one tenant.
+type TenantConfig struct {
+	// Name labels the tenant in the admin API and metrics: a-z, 0-9 and "-".
+	Name string `json:"name"`
+	// Sinks are the authenticated identities of its sinks: exact, or a prefix ending in "*"
+	// (spiffe://mesh.example.com/sink/acme-*). An identity matches one tenant's at most
+	// (overlapping patterns are refused); a sink matching none receives nothing. A minion's
+	// relay is its cluster's tenant's.
+	Sinks []string `json:"sinks"`
+	// Clusters are its clusters, as the top-level clusters of a hub without tenants. What
+	// they own may not overlap what another tenant's clusters own (namespaces, hosts, and
+	// the collections granted in clusterScoped).
+	Clusters []ClusterConfig `json:"clusters,omitempty"`
+	// SharedNamespaces are namespace patterns several of its clusters may own.
+	SharedNamespaces []string `json:"sharedNamespaces,omitempty"`
+	// Routing gives each of its sinks its subset of what the tenant sees. Rules may not be
+	// unauthenticated: a sink without an identity is no tenant's.
+	Routing routing.Config `json:"routing"`
+	// Exports share some of its clusters' objects with other tenants (see tenancy.Export):
+	// the only way one tenant's objects reach another's sinks.
+	Exports []tenancy.Export `json:"exports,omitempty"`
+	// Operators are the names of its operators (spiffe://<trustDomain>/operator/NAME): over
+	// adminTLS they see and act on this tenant only. An operator no tenant names is the
+	// vendor's and sees every tenant.
+	Operators []string `json:"operators,omitempty"`
+	// Limits overrides the fields of the hub's tenantLimits it sets.
+	Limits *TenantLimits `json:"limits,omitempty"`
+}
+
+// tenantGroups returns the configuration's tenants: c.Tenants, or the one implicit tenant of
+// a configuration without them. Each comes with the prefix of its fields in errors.
+func (c *Config) tenantGroups() []tenantGroup {
+	if len(c.Tenants) == 0 {
+		return []tenantGroup{{TenantConfig: &TenantConfig{Name: DefaultTenant, Clusters: c.Clusters, SharedNamespaces: c.SharedNamespaces, Routing: c.Routing}}}
+	}
+	out := make([]tenantGroup, len(c.Tenants))
+	for i := range c.Tenants {
+		out[i] = tenantGroup{TenantConfig: &c.Tenants[i], field: fmt.Sprintf("tenants[%d] (%q).", i, c.Tenants[i].Name)}
+	}
+	return out
+}
+
+// tenantGroup is a tenant and the prefix of its fields in errors ("" for the implicit one).
+type tenantGroup struct {
+	*TenantConfig
+	field string
+}
+
+// allClusters returns every tenant's clusters, in the configuration's order.
+func (c *Config) allClusters() []ClusterConfig {
+	if len(c.Tenants) == 0 {
+		return c.Clusters
+	}
+	var out []ClusterConfig
+	for _, t := range c.Tenants {
+		out = append(out, t.Clusters...)
+	}
+	return out
+}
+
+// checkTenantsShape refuses top-level clusters, routing or sharedNamespaces beside tenants:
+// with tenants, each is a tenant's.
+func (c *Config) checkTenantsShape() error {
+	if len(c.Tenants) == 0 {
+		return nil
+	}
+	switch {
+	case len(c.Clusters) > 0:
+		return fmt.Errorf("clusters: with tenants, each cluster is listed under its tenant (tenants[].clusters)")
+	case len(c.Routing.Rules) > 0 || c.Routing.Default != nil:
+		return fmt.Errorf("routing: with tenants, each tenant has its own routing (tenants[].routing)")
+	case len(c.SharedNamespaces) > 0:
+		return fmt.Errorf("sharedNamespaces: with tenants, each tenant has its own (tenants[].sharedNamespaces)")
+	}
+	for i, t := range c.Tenants {
+		for j, r := range t.Routing.Rules {
+			if r.Unauthenticated {
+				return fmt.Errorf("tenants[%d] (%q).routing.rules[%d] (%q).unauthenticated: a sink without an identity cannot be told to be any tenant's", i, t.Name, j, r.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// tenantComp is one tenant, compiled.
+type tenantComp struct {
+	name    string
+	policy  *acl.Policy
+	routes  *routing.Table
+	limits  TenantLimits
+	routing routing.Config // as configured: part of its sight
+}
+
+// sight is what decides which objects a tenant's views hold: its routing, its clusters and
+// sinks, the exports that concern it and the clusters of the tenants exporting to it. A
+// reload recomputes the views of a tenant whose sight changed, and only those.
+type sight struct {
+	Routing   routing.Config
+	Clusters  []string
+	Sinks     []string
+	Exports   []tenancy.Shared
+	Exporters map[string][]string
+}
+
+// sight returns tenant's sight under c (nil for a tenant c does not have).
+func (c *compiled) sight(tenant string) *sight {
+	t := c.tenant[tenant]
+	if t == nil {
+		return nil
+	}
+	s := &sight{Routing: t.routing, Clusters: c.tenants.Clusters(tenant), Sinks: c.tenants.Sinks(tenant), Exports: c.tenants.Exports(tenant), Exporters: map[string][]string{}}
+	for _, x := range s.Exports {
+		s.Exporters[x.From] = c.tenants.Clusters(x.From)
+	}
+	return s
+}
+
+// compileTenants builds each tenant's ownership policy and routing table, and the tenancy
+// set; out.clusters and out.identity are complete.
+func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
+	out.tenant = map[string]*tenantComp{}
+	specs := make([]tenancy.Tenant, 0, len(groups))
+	for _, g := range groups {
+		tc := &tenantComp{name: g.Name, limits: c.TenantLimits.over(g.Limits), routing: g.Routing}
+		if err := g.Limits.check(g.field + "limits"); err != nil {
+			return err
+		}
+		owners := ownersOf(g.Clusters)
+		var err error
+		if tc.policy, err = acl.New(owners, acl.Options{DomainSuffix: c.DomainSuffix}); err != nil {
+			return err
+		}
+		shared, err := pattern.ParseNamespaces(g.field+"sharedNamespaces", g.SharedNamespaces)
+		if err != nil {
+			return err
+		}
+		if err := checkNamespaceOverlap(g.Clusters, shared); err != nil {
+			return err
+		}
+		// Rules may select by node ids alone where sink makes them the certificates' names,
+		// and in insecure development mode, where identities are a header anyone sets, so
+		// requiring one beside a node id would prove nothing (a rule tried there keeps its
+		// meaning under a trust domain). Annotations only narrow, everywhere.
+		if tc.routes, err = routing.New(g.Routing, routing.Options{NodeIDsProven: out.nodeIDsProven() || c.Insecure}); err != nil {
+			return fmt.Errorf("%srouting.%w", g.field, err)
+		}
+		if err := c.checkSinkTrust(out, g); err != nil {
+			return err
+		}
+		out.tenant[g.Name] = tc
+		out.ownership.owners[g.Name] = owners
+		spec := tenancy.Tenant{Name: g.Name, Sinks: g.Sinks, Operators: g.Operators, Exports: g.Exports}
+		for _, cl := range g.Clusters {
+			spec.Clusters = append(spec.Clusters, cl.Name)
+		}
+		specs = append(specs, spec)
+	}
+	if len(c.Tenants) == 0 {
+		out.tenants = tenancy.Single(DefaultTenant, specs[0].Clusters)
+		return nil
+	}
+	var err error
+	if out.tenants, err = tenancy.New("tenants", specs); err != nil {
+		return err
+	}
+	return checkTenantClaims(groups)
+}
+
+func ownersOf(clusters []ClusterConfig) []acl.Cluster {
+	owners := make([]acl.Cluster, 0, len(clusters))
+	for _, cl := range clusters {
+		owners = append(owners, acl.Cluster{Name: cl.Name, Namespaces: cl.Namespaces, Hosts: cl.Hosts, ClusterScoped: cl.ClusterScoped})
+	}
+	return owners
+}
+
+// checkTenantClaims refuses claims of two tenants that overlap: a namespace, a host, or the
+// cluster-scoped objects of a collection both could own. Within a tenant, overlaps are its
+// own business (sharedNamespaces, conflicts); across tenants one could publish what the
+// other's sinks serve, or win a conflict over it. The patterns are valid (each tenant's
+// acl.New has checked them).
+func checkTenantClaims(groups []tenantGroup) error {
+	type claims struct {
+		namespaces []pattern.Namespace
+		hosts      []pattern.Host
+		scoped     map[string]bool // collection, or "*"
+	}
+	of := func(cl ClusterConfig) claims {
+		var c claims
+		c.namespaces, _ = pattern.ParseNamespaces("", cl.Namespaces)
+		for _, h := range cl.Hosts {
+			p, _ := pattern.ParseHost(h)
+			c.hosts = append(c.hosts, p)
+		}
+		c.scoped = map[string]bool{}
+		for _, s := range cl.ClusterScoped {
+			c.scoped[s] = true
+		}
+		return c
+	}
+	for i, a := range groups {
+		for _, b := range groups[i+1:] {
+			for _, ca := range a.Clusters {
+				x := of(ca)
+				for _, cb := range b.Clusters {
+					y := of(cb)
+					where := fmt.Sprintf("%sclusters (%q) and %sclusters (%q)", a.field, ca.Name, b.field, cb.Name)
+					for _, p := range x.namespaces {
+						for _, q := range y.namespaces {
+							if ov, ok := p.Overlap(q); ok {
+								return fmt.Errorf("%s both own namespaces %q (%q, %q): tenants may not share a namespace; export objects instead", where, ov, p, q)
+							}
+						}
+					}
+					for _, p := range x.hosts {
+						for _, q := range y.hosts {
+							if ov, ok := p.Overlap(q); ok {
+								return fmt.Errorf("%s both own hosts %q (%q, %q): tenants may not share a host", where, ov, p, q)
+							}
+						}
+					}
+					for coll := range x.scoped {
+						for other := range y.scoped {
+							if coll == other || coll == "*" || other == "*" {
+								return fmt.Errorf("%s are both granted cluster-scoped %s (%q, %q): tenants may not publish the same cluster-scoped names", where, coll, coll, other)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// TenantLimits bound what one tenant's peers may take from the hub, all of them together, so
+// that one tenant's load does not slow another's (the clusters' quotas bound each cluster).
+type TenantLimits struct {
+	// MaxStreams is how many streams its peers (its minions, relays and sinks) may keep
+	// open at once; one more is refused with ResourceExhausted. 0: no cap.
+	MaxStreams int `json:"maxStreams,omitempty"`
+	// StreamsPerSecond and StreamBurst bound how fast its peers open streams, all together;
+	// faster ones are refused with ResourceExhausted (rate_limited).
+	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
+	StreamBurst      int     `json:"streamBurst,omitempty"`
+	// PushesPerSecond and PushBurst bound how fast its clusters' pushes are applied, all
+	// together; faster pushes wait on their stream, like a cluster's own quota.
+	PushesPerSecond float64 `json:"pushesPerSecond,omitempty"`
+	PushBurst       int     `json:"pushBurst,omitempty"`
+	// MaxObjects and MaxBytes bound what its clusters hold, all together (as served).
+	MaxObjects int   `json:"maxObjects,omitempty"`
+	MaxBytes   int64 `json:"maxBytes,omitempty"`
+}
+
+// over returns l with the fields o sets.
+func (l TenantLimits) over(o *TenantLimits) TenantLimits {
+	if o == nil {
+		return l
+	}
+	if o.MaxStreams != 0 {
+		l.MaxStreams = o.MaxStreams
+	}
+	if o.StreamsPerSecond != 0 {
+		l.StreamsPerSecond = o.StreamsPerSecond
+	}
+	if o.StreamBurst != 0 {
+		l.StreamBurst = o.StreamBurst
+	}
+	if o.PushesPerSecond != 0 {
+		l.PushesPerSecond = o.PushesPerSecond
+	}
+	if o.PushBurst != 0 {
+		l.PushBurst = o.PushBurst
+	}
+	if o.MaxObjects != 0 {
+		l.MaxObjects = o.MaxObjects
+	}
+	if o.MaxBytes != 0 {
+		l.MaxBytes = o.MaxBytes
+	}
+	return l
+}
+
+// check refuses negative limits (0 is no limit for each).
+func (l *TenantLimits) check(field string) error {
+	if l == nil {
+		return nil
+	}
+	switch {
+	case l.MaxStreams < 0, l.StreamsPerSecond < 0, l.StreamBurst < 0, l.PushesPerSecond < 0, l.PushBurst < 0, l.MaxObjects < 0, l.MaxBytes < 0:
+		return fmt.Errorf("%s: limits may not be negative (0: none)", field)
+	}
+	return nil
+}
