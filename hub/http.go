@@ -20,7 +20,9 @@ import (
 // defines it.
 
 // Why explains collection/name, for the vendor.
-func (h *Hub) Why(collection, name string) api.Why { return h.why(vendor(h.current().comp), collection, name) }
+func (h *Hub) Why(collection, name string) api.Why {
+	return h.why(vendor(h.current().comp), collection, name)
+}
 
 // why explains collection/name as v may see it: only candidates v sees, refusals of v's
 // clusters and v's sinks; of another tenant's object, v learns nothing (it is not served,
