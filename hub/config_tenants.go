@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/pattern"
 	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/routing"
@@ -19,7 +20,7 @@ import (
 
 // DefaultTenant is the tenant of a configuration without tenants: its clusters, routing and
 // sharedNamespaces are the top-level ones, every sink is its, and every operator sees it.
-const DefaultTenant = "default"
+const DefaultTenant = api.DefaultTenant
 
 // TenantConfig is one tenant.
 type TenantConfig struct {

@@ -162,9 +162,15 @@ func (s *statusRecorder) WriteHeader(code int) {
 }
 
 // releaseBreaker is POST /api/clusters/{name}/breaker/release: it applies the deletions
-// the cluster's breaker holds (404: no such cluster; 409: it holds none).
+// the cluster's breaker holds (404: no such cluster, or another tenant's, answered alike;
+// 409: it holds none).
 func (h *Hub) releaseBreaker(w http.ResponseWriter, r *http.Request, operator string) {
-	rel, err := h.ReleaseBreaker(r.PathValue("name"), operator)
+	name := r.PathValue("name")
+	if !h.viewerOf(r).ownsCluster(name) {
+		http.Error(w, fmt.Errorf("%w: %q", ErrUnknownCluster, name).Error(), http.StatusNotFound)
+		return
+	}
+	rel, err := h.ReleaseBreaker(name, operator)
 	switch {
 	case errors.Is(err, ErrUnknownCluster):
 		http.Error(w, err.Error(), http.StatusNotFound)

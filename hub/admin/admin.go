@@ -233,11 +233,16 @@ func (c *client) status(ctx context.Context) error {
 	w := tabwriter.NewWriter(c.out, 0, 0, 2, ' ', 0)
 	replicated := false // a replica: show which replica holds each cluster
 	holding := false    // a breaker holds deletions: show each cluster's
+	tenanted := false   // the hub has tenants: show each cluster's
 	for _, cl := range clusters {
 		replicated = replicated || cl.HeldBy != nil
 		holding = holding || cl.Breaker != nil
+		tenanted = tenanted || cl.Tenant != "" && cl.Tenant != api.DefaultTenant
 	}
 	head := "CLUSTER\tCONNECTED\tSYNCED\tRESOURCES\tREJECTED\tLOST CONFLICTS\tLAST CONTACT"
+	if tenanted {
+		head = "TENANT\t" + head
+	}
 	if holding {
 		head += "\tBREAKER"
 	}
@@ -253,6 +258,9 @@ func (c *client) status(ctx context.Context) error {
 		connected := fmt.Sprint(cl.Connected)
 		if !cl.Connected && cl.Restored {
 			connected = "false (restored)" // served from the hub's state file since its start
+		}
+		if tenanted {
+			fmt.Fprintf(w, "%s\t", cl.Tenant)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%v\t%d\t%d\t%d\t%s", cl.Name, connected, cl.Synced, sum(cl.Resources), count(cl.Rejections), count(cl.Conflicts), last)
 		if holding {

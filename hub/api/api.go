@@ -311,6 +311,10 @@ type Replica struct {
 	Holding map[string]uint64 `json:"holding"`
 }
 
+// DefaultTenant is the tenant of a hub configured without tenants: every cluster and sink
+// is its.
+const DefaultTenant = "default"
+
 // Tenant is one tenant as the admin API shows it: its clusters, its sinks' identities, and
 // the exports that concern it (to a tenant's operator, an export from another tenant names
 // only that it is shared with theirs).
