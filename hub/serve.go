@@ -144,8 +144,13 @@ func (h *Hub) readyToServe() (wait time.Duration, why string, ok bool) {
 	}
 	pending := h.pendingClusters()
 	left := h.cfg.WarmUp.Duration - h.now().Sub(h.started)
+	waiting := fmt.Sprintf("clusters %v", pending)
+	if !h.current().comp.tenants.Single() {
+		// Every peer is told: with tenants, the clusters of the others are not its to know.
+		waiting = fmt.Sprintf("%d clusters", len(pending))
+	}
 	return min(max(left, time.Second), warmUpRetry),
-		fmt.Sprintf("%v: waiting for clusters %v to sync (at most %v more)", errNotReady, pending, left.Round(time.Second)), false
+		fmt.Sprintf("%v: waiting for %s to sync (at most %v more)", errNotReady, waiting, left.Round(time.Second)), false
 }
 
 // insecureSinks keeps the warning that a sink was taken at its word to a line per identity

@@ -1,0 +1,50 @@
+package hub
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// twoTenants is a hub of two tenants, acme (east, west) and globex (north).
+const twoTenants = `
+insecure: true
+collections: [istio/networking/v1alpha3/virtualservices]
+tenants:
+- name: acme
+  sinks: ["acme-*"]
+  clusters:
+  - {name: east, identities: [east], namespaces: [shop], hosts: ["*.shop.example.com"]}
+  - {name: west, identities: [west], namespaces: [cart], hosts: ["*.cart.example.com"]}
+  routing: {rules: [{name: all, identities: ["*"]}]}
+- name: globex
+  sinks: ["globex-*"]
+  clusters:
+  - {name: north, identities: [north], namespaces: [bank], hosts: ["*.bank.example.com"]}
+  routing: {rules: [{name: all, identities: ["*"]}]}
+`
+
+// A sink refused during the warm-up is told why; with tenants, the clusters still awaited
+// may be another tenant's, so it is told how many, not which.
+func TestWarmUpRefusalNamesNoCluster(t *testing.T) {
+	h := testHub(t, twoTenants+"warmUp: 1m\n")
+	h.started = time.Now()
+	_, why, ok := h.readyToServe()
+	if ok {
+		t.Fatal("ready before any cluster synced")
+	}
+	for _, c := range []string{"east", "west", "north"} {
+		if strings.Contains(why, c) {
+			t.Errorf("the warm-up refusal %q names cluster %s", why, c)
+		}
+	}
+	if !strings.Contains(why, "3 clusters") {
+		t.Errorf("the warm-up refusal %q does not say how many clusters are awaited", why)
+	}
+
+	single := testHub(t, twoClusters)
+	single.started = time.Now()
+	if _, why, _ := single.readyToServe(); !strings.Contains(why, "east") {
+		t.Errorf("without tenants the refusal %q no longer names the clusters awaited", why)
+	}
+}
