@@ -6,19 +6,22 @@
 //     authenticated transport identity (never by what the peer says) and becomes a Session
 //     of its cluster, the one writer of the cluster's state; each push is paced by the
 //     cluster's quota, every body checked against its kind (kinds.Table.Decode) and the
-//     ownership ACL (package hub/acl), and what is refused is NACKed with the reason and
-//     never stored.
+//     ownership ACL of the cluster's tenant (package hub/acl; compiled.check), and what is
+//     refused is NACKed with the reason and never stored.
 //   - store.go: the accepted resources, per cluster; a resource's served form (origin
 //     annotation, a version qualified by the cluster) is encoded once. Each write is judged
 //     there by the cluster's quotas (quota.go) and its mass-deletion breaker (breaker.go).
 //   - merge.go: per collection and name, every cluster's resource is a candidate, ordered
 //     by the conflict policy; the first is served.
-//   - views.go: one mcp.Cache per distinct routing subset (package routing), kept up to
-//     date with the winners it includes, shared and encoded once for all its sinks.
+//   - views.go: one mcp.Cache per distinct route (a tenant and a routing subset of its
+//     rules, package routing), kept up to date with the winners it includes, shared and
+//     encoded once for all its sinks.
 //   - serve.go: each sink's stream (MCP ResourceSource, MCP over xDS for istiod, dial-out
 //     to a sink that only listens; on the serve listener, or on serveUnauthenticated for
-//     istiods that present no certificate) watches its subset's view; sink is the one function
-//     that says who a sink is; the engine (package mcp) pushes and follows ACKs.
+//     istiods that present no certificate) watches its route's view; sink is the one
+//     function that says who a sink is, route the one that says what it receives (what its
+//     tenant sees, package hub/tenancy, narrowed by its tenant's rules); the engine
+//     (package mcp) pushes and follows ACKs.
 //
 // Around that path: cluster.go (each cluster's lifecycle from entering to leaving the
 // configuration, the warm-up and staleness), relay.go (a minion subscribing on the ingest
@@ -27,7 +30,9 @@
 // http.go (the admin API, whose types are package hub/api; operator.go decides who may take
 // its actions), persist.go (each cluster's last-known state in the state file, package
 // hub/durable, restored at start), config.go (the configuration file and its one literal of
-// defaults).
+// defaults), config_tenants.go (tenants: each a group of clusters and sink fleets, with its
+// own ownership and routing; claims of two tenants never overlap), scope.go (whose eyes the
+// admin API answers for: the vendor's, or one tenant operator's).
 //
 // What runs beside the core plugs in through Layer (layer.go), whose single-hub
 // implementation does nothing: the replica layer (package hub/replicas) is one, wired in
