@@ -180,9 +180,12 @@ func New(field string, tenants []Tenant) (*Set, error) {
 		if t.sinks, err = parsePatterns(f+".sinks", spec.Sinks); err != nil {
 			return nil, err
 		}
-		for _, c := range spec.Clusters {
-			if other := s.ofCluster[c]; other != nil {
-				return nil, fmt.Errorf("%s.clusters: cluster %q is also tenant %q's", f, c, other.spec.Name)
+		for j, c := range spec.Clusters {
+			switch other := s.ofCluster[c]; {
+			case other == t:
+				return nil, fmt.Errorf("%s.clusters[%d]: cluster %q is listed twice", f, j, c)
+			case other != nil:
+				return nil, fmt.Errorf("%s.clusters[%d]: cluster %q is also tenant %q's", f, j, c, other.spec.Name)
 			}
 			s.ofCluster[c] = t
 		}
@@ -196,10 +199,10 @@ func New(field string, tenants []Tenant) (*Set, error) {
 			s.operators[op] = t
 		}
 		for _, o := range s.tenants {
-			for _, a := range t.sinks {
+			for j, a := range t.sinks {
 				for _, b := range o.sinks {
 					if a.overlaps(b) {
-						return nil, fmt.Errorf("%s.sinks: %q and tenant %q's %q could both match one identity: a sink belongs to one tenant", f, a, o.spec.Name, b)
+						return nil, fmt.Errorf("%s.sinks[%d]: %q and tenant %q's %q could both match one identity: a sink belongs to one tenant", f, j, a, o.spec.Name, b)
 					}
 				}
 			}
