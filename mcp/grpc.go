@@ -32,10 +32,10 @@ const DevIdentityHeader = "x-meshfed-dev-identity"
 
 // ServerConfig configures the admission of new streams on SourceServer, SinkServer and
 // XDSServer. A stream is admitted in this order: Authenticate, the per-peer rate limit,
-// Ready, the per-peer cap on open streams; once admitted, it is closed if its peer says
-// nothing within IdleTimeout. Every refusal is counted by its reason
-// (meshfed_mcp_streams_rejected_total) and logged at most once per peer and reason per
-// minute, with the number of refusals not logged since.
+// Ready, the per-peer cap on open streams, its group's limits (Groups); once admitted, it
+// is closed if its peer says nothing within IdleTimeout. Every refusal is counted by its
+// reason (meshfed_mcp_streams_rejected_total) and logged at most once per peer (or group)
+// and reason per minute, with the number of refusals not logged since.
 type ServerConfig struct {
 	// Authenticate returns the authenticated identity of the peer of a new stream, e.g. from
 	// its verified client certificate. An error refuses the stream with that error's status
@@ -73,6 +73,12 @@ type ServerConfig struct {
 	// Listener names the server's listener in StreamInfo.Listener, for a store that serves
 	// several kinds of peers (the hub: sinks, and minions' relays on its ingest listener).
 	Listener string
+	// Groups, if set, bounds groups of peers, each group all together and across every
+	// server that shares the Groups: how many streams its peers keep open and how fast they
+	// open new ones (see PeerGroups). It is asked last, after the per-peer cap: a peer in a
+	// tight loop spends its own budget before its group's, and a server that is not ready
+	// spends nobody's.
+	Groups *PeerGroups
 	// Logger for refusals. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, or nil for none.
@@ -203,10 +209,18 @@ func (a *admission) admit(st grpc.ServerStream, role string) (*admittedStream, e
 	info := newStreamInfo(role, "server", addr, identity)
 	info.Unauthenticated = a.cfg.Unauthenticated
 	info.Listener = a.cfg.Listener
+	var leave func()
+	if a.cfg.Groups != nil {
+		var err error
+		if leave, err = a.cfg.Groups.admit(info, a.cfg.Metrics); err != nil {
+			a.release(key)
+			return nil, err
+		}
+	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok && mdResumes(md) {
 		info.setResumes()
 	}
-	s := &admittedStream{ServerStream: st, info: info, a: a, key: key}
+	s := &admittedStream{ServerStream: st, info: info, a: a, key: key, leave: leave}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	if a.cfg.IdleTimeout > 0 {
 		s.timer = time.AfterFunc(a.cfg.IdleTimeout, s.idle)
@@ -290,6 +304,7 @@ type admittedStream struct {
 	cancel context.CancelFunc
 	a      *admission
 	key    string
+	leave  func()       // gives the stream's place in its group back; nil without Groups
 	timer  *time.Timer  // nil without an idle timeout
 	state  atomic.Int32 // streamWaiting, streamSpoke or streamIdled
 }
@@ -334,10 +349,166 @@ func (s *admittedStream) end(err error) error {
 	}
 	s.cancel()
 	s.a.release(s.key)
+	if s.leave != nil {
+		s.leave()
+	}
 	if s.state.Load() == streamIdled {
 		return s.idleError()
 	}
 	return err
+}
+
+// PeerGroups bounds groups of peers, each group all together, across the servers that
+// share it (ServerConfig.Groups): a hub gives every listener the same PeerGroups, keyed by
+// tenant, so that one tenant's peers, however many and wherever they connect, hold at most
+// its share of the hub's streams, and its storm of new streams is refused before it is
+// felt by another tenant's. The engine knows a group only by the name Of gives it and its
+// limits: what a group is (a tenant, a team, a tier) is the server owner's business, so the
+// engine, which minions and plain MCP servers use too, stays free of it; Kind names it in
+// refusals. It is safe for concurrent use.
+type PeerGroups struct {
+	cfg  PeerGroupsConfig
+	now  func() time.Time
+	logs *lograte.Limiter // one refusal line per group and reason per interval
+
+	mu     sync.Mutex // guards groups; Opened is called under it, in order
+	groups map[string]*peerGroup
+}
+
+// PeerGroupsConfig configures PeerGroups.
+type PeerGroupsConfig struct {
+	// Kind says what a group is, in the reasons refusals are counted under
+	// (meshfed_mcp_streams_rejected_total: <Kind>_rate_limited, <Kind>_too_many_streams), in
+	// their messages and in the log. Default "group".
+	Kind string
+	// Of returns the group of a new stream's peer (its identity, role and listener; the
+	// stream has no node yet) and the group's limits. It is asked for every new stream, so
+	// groups and limits follow a change of the server owner's configuration. Required.
+	Of func(info *StreamInfo) (group string, limits GroupLimits)
+	// Opened, if set, is told how many streams a group's peers have open after each change
+	// (a stream admitted, or ended), in order for each group: for a gauge.
+	Opened func(group string, open int)
+	// Refused, if set, is told each stream a group's limit refused, with the reason.
+	Refused func(group, reason string)
+	// Logger for refusals, a line per group and reason per interval. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// GroupLimits bound one group's peers, all together. A zero field bounds nothing.
+type GroupLimits struct {
+	// MaxStreams is how many streams the group's peers may keep open at once; one more is
+	// refused with ResourceExhausted.
+	MaxStreams int
+	// StreamsPerSecond and StreamBurst bound how fast the group's peers open streams;
+	// faster ones are refused with ResourceExhausted and a RetryInfo.
+	StreamsPerSecond float64
+	StreamBurst      int
+}
+
+// peerGroup is one group's open streams and new-stream limiter (nil without a rate).
+type peerGroup struct {
+	open  int
+	lim   *rate.Limiter
+	rate  float64
+	burst int
+}
+
+// NewPeerGroups returns PeerGroups for cfg.
+func NewPeerGroups(cfg PeerGroupsConfig) *PeerGroups {
+	if cfg.Kind == "" {
+		cfg.Kind = "group"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	g := &PeerGroups{cfg: cfg, now: time.Now, groups: map[string]*peerGroup{}}
+	g.logs = lograte.New(lograte.DefaultInterval, func() time.Time { return g.now() })
+	return g
+}
+
+// Open returns how many streams group's peers have open.
+func (g *PeerGroups) Open(group string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if pg := g.groups[group]; pg != nil {
+		return pg.open
+	}
+	return 0
+}
+
+// admit takes a place for info's stream in its group, or refuses it (counted in m). The
+// stream gives its place back with leave, once.
+func (g *PeerGroups) admit(info *StreamInfo, m *Metrics) (leave func(), err error) {
+	group, lim := g.cfg.Of(info)
+	now := g.now()
+	g.mu.Lock()
+	pg := g.groups[group]
+	if pg == nil {
+		pg = &peerGroup{}
+		g.groups[group] = pg
+	}
+	if lim.StreamsPerSecond > 0 {
+		burst := max(lim.StreamBurst, 1)
+		if pg.lim == nil || pg.rate != lim.StreamsPerSecond || pg.burst != burst {
+			pg.lim, pg.rate, pg.burst = rate.NewLimiter(rate.Limit(lim.StreamsPerSecond), burst), lim.StreamsPerSecond, burst
+		}
+		if !pg.lim.AllowN(now, 1) {
+			g.mu.Unlock()
+			g.refused(m, group, "rate_limited", info, "limit_per_s", lim.StreamsPerSecond, "burst", burst)
+			return nil, withRetry(status.Newf(codes.ResourceExhausted, "too many new streams from the peers of %s %q: at most %g per second, burst %d, all of them together",
+				g.cfg.Kind, group, lim.StreamsPerSecond, burst), time.Duration(float64(time.Second)/lim.StreamsPerSecond))
+		}
+	} else {
+		pg.lim = nil
+	}
+	if n := pg.open; lim.MaxStreams > 0 && n >= lim.MaxStreams {
+		g.mu.Unlock()
+		g.refused(m, group, "too_many_streams", info, "open", n, "max_streams", lim.MaxStreams)
+		return nil, status.Errorf(codes.ResourceExhausted, "too many open streams from the peers of %s %q: %d open, at most %d, all of them together",
+			g.cfg.Kind, group, n, lim.MaxStreams)
+	}
+	pg.open++
+	if g.cfg.Opened != nil {
+		g.cfg.Opened(group, pg.open)
+	}
+	g.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { g.leave(group) }) }, nil
+}
+
+// leave gives back a place in group. A group with nothing open and a full limiter is
+// forgotten: a fresh one is the same.
+func (g *PeerGroups) leave(group string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	pg := g.groups[group]
+	pg.open--
+	if g.cfg.Opened != nil {
+		g.cfg.Opened(group, pg.open)
+	}
+	if pg.open == 0 && (pg.lim == nil || pg.lim.TokensAt(g.now()) >= float64(pg.burst)) {
+		delete(g.groups, group)
+	}
+}
+
+// refused counts a group's refusal and logs it unless a line for the same group and reason
+// went out less than an interval ago (whichever server refused).
+func (g *PeerGroups) refused(m *Metrics, group, what string, info *StreamInfo, attrs ...any) {
+	reason := g.cfg.Kind + "_" + what
+	m.streamRejected(reason)
+	if g.cfg.Refused != nil {
+		g.cfg.Refused(group, reason)
+	}
+	ok, suppressed := g.logs.Allow(reason + "\x00" + group)
+	if !ok {
+		return
+	}
+	msg := "refusing stream: the peers of its " + g.cfg.Kind + " open streams too fast"
+	if what == "too_many_streams" {
+		msg = "refusing stream: the peers of its " + g.cfg.Kind + " have too many streams open"
+	}
+	g.cfg.Logger.Warn(msg, append(attrs, g.cfg.Kind, group, logPeer, info.Peer, logIdentity, info.Identity, logRole, info.Role,
+		"listener", info.Listener, "reason", reason, "suppressed", suppressed)...)
 }
 
 // serverError turns the end of a served stream into what the gRPC handler returns.

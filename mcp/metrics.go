@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		streamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "streams_total",
 			Help: "MCP streams opened, by role and transport."}, []string{"role", "transport"}),
 		streamsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "streams_rejected_total",
-			Help: "MCP streams refused by admission, or closed for idling, by reason (unauthenticated, permission_denied, unavailable, rate_limited, warming_up, too_many_streams, idle, refused)."}, []string{"reason"}),
+			Help: "MCP streams refused by admission, or closed for idling, by reason (unauthenticated, permission_denied, unavailable, rate_limited, warming_up, too_many_streams, idle, refused; and, with ServerConfig.Groups, <kind>_rate_limited and <kind>_too_many_streams, e.g. tenant_rate_limited)."}, []string{"reason"}),
 		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pushes_total",
 			Help: "Resources messages sent (role=source) or received (role=sink), by collection and kind (full|incremental)."}, []string{"role", "collection", "kind"}),
 		acks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "acks_total",
