@@ -8,7 +8,9 @@
 //   - the hub (-hub-rows selects rows): fan-out against bare gRPC, CPU per change by stored
 //     resources, idle sink memory, end-to-end latency, and its safety rows: a cluster's
 //     latency with another flooding at its push quota against the same with it idle, and the
-//     heap with a sink that never ACKs against one that does.
+//     heap with a sink that never ACKs against one that does; and its tenants row: a tenant's
+//     latency with another using all its tenant limits admit (pushes, a stream-opening loop,
+//     1,000 sinks that never ACK) against the same with it idle.
 package main
 
 import (
@@ -36,7 +38,7 @@ func main() {
 	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
 	hubResources := flag.String("hub-resources", "1000,100000,1000000", "stored resources of the hub CPU-per-change rows")
 	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
-	hubRows := flag.String("hub-rows", "fanout,store,persist,idle,latency,neighbour,stalled", "rows of the hub table to run")
+	hubRows := flag.String("hub-rows", "fanout,store,persist,idle,latency,neighbour,stalled,tenants", "rows of the hub table to run")
 	var safety safetyFlags
 	flag.IntVar(&safety.sinks, "neighbour-sinks", 100, "sinks of the noisy-neighbour rows")
 	flag.IntVar(&safety.changes, "neighbour-changes", 1000, "cluster B's changes measured per condition (A idle, A flooding)")
@@ -45,6 +47,14 @@ func main() {
 	flag.IntVar(&safety.burst, "neighbour-burst", hub.Defaults().Quotas.PushBurst, "cluster A's pushBurst quota in the noisy-neighbour rows (default: the hub's)")
 	flag.IntVar(&safety.stalledChanges, "stalled-changes", 10000, "changes of the stalled-sink row")
 	flag.IntVar(&safety.stalledResources, "stalled-resources", 1000, "resources in the stalled-sink row's collection")
+	var tenants tenantFlags
+	flag.IntVar(&tenants.aClusters, "tenants-a-clusters", 10, "tenant A's clusters in the noisy-tenant row, each flooding at its own quota")
+	flag.IntVar(&tenants.aSinks, "tenants-a-sinks", 1000, "tenant A's sinks that never ACK in the noisy-tenant row")
+	flag.IntVar(&tenants.loopWorkers, "tenants-loop-workers", 2, "goroutines opening streams as A's sinks in a tight loop (a connection each)")
+	flag.IntVar(&tenants.loopIdentities, "tenants-loop-identities", 1000, "sink identities of A the loop takes in turn (1: one, which the per-peer limit alone refuses)")
+	flag.IntVar(&tenants.bSinks, "tenants-b-sinks", 10, "tenant B's sinks, each timing every change of B")
+	flag.IntVar(&tenants.changes, "tenants-changes", 1000, "tenant B's changes measured per condition (A idle, A noisy)")
+	flag.IntVar(&tenants.rounds, "tenants-rounds", 10, "rounds alternating A idle and A noisy")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -67,13 +77,13 @@ func main() {
 		rows := map[string]bool{}
 		for _, r := range strings.Split(*hubRows, ",") {
 			switch r = strings.TrimSpace(r); r {
-			case "fanout", "store", "persist", "idle", "latency", "neighbour", "stalled":
+			case "fanout", "store", "persist", "idle", "latency", "neighbour", "stalled", "tenants":
 				rows[r] = true
 			default:
-				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, persist, idle, latency, neighbour, stalled)", r))
+				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, persist, idle, latency, neighbour, stalled, tenants)", r))
 			}
 		}
-		hubTable(rows, ints(*hubSinks), ints(*hubResources), *resources, *size, safety)
+		hubTable(rows, ints(*hubSinks), ints(*hubResources), *resources, *size, safety, tenants)
 	}
 	if *only == "" || *only == "replicas" {
 		replicaTable(*replicaSinks, *replicaChanges)
@@ -131,7 +141,12 @@ type safetyFlags struct {
 	stalledChanges, stalledResources int
 }
 
-func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, safety safetyFlags) {
+// tenantFlags size the noisy-tenant row.
+type tenantFlags struct {
+	aClusters, aSinks, loopWorkers, loopIdentities, bSinks, changes, rounds int
+}
+
+func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, safety safetyFlags, tenants tenantFlags) {
 	fmt.Println()
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "hub scenario\thub\tbaseline\tratio\tnotes\t")
@@ -241,6 +256,28 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 		fmt.Fprintf(w, "heap after %d changes, a sink that never ACKs (MiB)\t%.2f\t%.2f\t%.2f\tbaseline: a sink that ACKs, same run; after %d changes %.2f vs %.2f, so %+.2f vs %+.2f MiB over the next %d; %d resources, process heap after GC\t\n",
 			cfg.Changes, r.StalledLateMiB, r.AckingLateMiB, r.StalledLateMiB/r.AckingLateMiB, cfg.Early, r.StalledEarlyMiB, r.AckingEarlyMiB,
 			r.StalledLateMiB-r.StalledEarlyMiB, r.AckingLateMiB-r.AckingEarlyMiB, cfg.Changes-cfg.Early, cfg.Resources)
+	}
+	if rows["tenants"] {
+		cfg := bench.TenantsConfig{AClusters: tenants.aClusters, ASinks: tenants.aSinks, LoopWorkers: tenants.loopWorkers, LoopIdentities: tenants.loopIdentities,
+			BSinks: tenants.bSinks, Changes: tenants.changes, Rounds: tenants.rounds, Resources: 100, Size: size, Gap: 20 * time.Millisecond}
+		r, err := bench.NoisyTenant(cfg)
+		if err != nil {
+			fail("noisy tenant", err)
+		}
+		us := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+		unpaced := ""
+		if r.Unpaced > 0 {
+			unpaced = fmt.Sprintf(" (NOT PACED at its limit in %d of %d rounds)", r.Unpaced, cfg.Rounds)
+		}
+		l := hub.Defaults().TenantLimits
+		fmt.Fprintf(w, "tenant B -> %d sinks p99, tenant A noisy (its limits: %.0f pushes/s, %.0f streams/s)\t%v\t%v\t%.2f\ttarget <= 1.20; baseline: A idle, same run (%d rounds alternating); max %v vs %v; A: %d clusters pushing %.1f/s%s, %.2f changes/push; %d sinks never ACK; loop (%d workers, %d identities): %.0f streams/s opened, %.1f/s admitted, refused %v; over %.1f s; process CPU %.2f vs %.2f cores, heap %.0f vs %.0f MiB\t\n",
+			cfg.BSinks, l.PushesPerSecond, l.StreamsPerSecond, us(r.Noisy.P99), us(r.Idle.P99), float64(r.Noisy.P99)/float64(r.Idle.P99),
+			cfg.Rounds, us(r.Noisy.Max), us(r.Idle.Max), cfg.AClusters, r.APushesPerSec, unpaced, r.AChangesPerPush, cfg.ASinks,
+			cfg.LoopWorkers, cfg.LoopIdentities, r.LoopPerSec, r.LoopAdmittedPerSec, r.LoopRefused, r.NoisySeconds, r.Noisy.Cores, r.Idle.Cores, r.Noisy.HeapMiB, r.Idle.HeapMiB)
+		fmt.Fprintf(w, "tenant B -> %d sinks p50, tenant A noisy\t%v\t%v\t%.2f\t%d changes of B x %d sinks per condition, %v apart\t\n",
+			cfg.BSinks, us(r.Noisy.P50), us(r.Idle.P50), float64(r.Noisy.P50)/float64(r.Idle.P50), r.Idle.N/cfg.BSinks, cfg.BSinks, cfg.Gap)
+		fmt.Fprintf(w, "tenant B push -> hub ACK p99, tenant A noisy\t%v\t%v\t%.2f\tB's ingest (ACL, store, merge, view) as its source sees it; p50 %v vs %v\t\n",
+			us(r.Noisy.Ingest.P99), us(r.Idle.Ingest.P99), float64(r.Noisy.Ingest.P99)/float64(r.Idle.Ingest.P99), us(r.Noisy.Ingest.P50), us(r.Idle.Ingest.P50))
 	}
 	w.Flush()
 }

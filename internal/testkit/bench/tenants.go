@@ -1,0 +1,570 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/mcp"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	"github.com/meshfed/meshfed/routing"
+)
+
+// The noisy-tenant scenario: tenant A uses everything its tenant limits admit (pushes at
+// its push limit, streams opened in a tight loop, a fleet of sinks that never ACK) while
+// tenant B's latency is measured, against the same with A idle, in the same run. It is the
+// noisy-neighbour row (safety.go) one level up: there a cluster against another of the same
+// tenant, here a tenant against another.
+//
+// Every goroutine the scenario starts runs under a pprof label "bench" (hub, a-flood,
+// a-loop, a-sinks, b-source, b-sinks; goroutines inherit their creator's labels, gRPC's
+// included), so that a CPU profile of a run (mcpbench -cpuprofile) tells the hub's time
+// from the load's: everything runs in one process.
+
+// TenantsConfig describes the noisy-tenant scenario.
+type TenantsConfig struct {
+	// AClusters are tenant A's clusters. Each floods, on its own quota (the hub's default
+	// per-cluster one); together they want more than A's pushesPerSecond, so that A's
+	// tenant limit is what paces A.
+	AClusters int
+	// ASinks subscribe as A's sinks, each with its own identity, receive their first push
+	// and then neither read nor ACK again.
+	ASinks int
+	// LoopWorkers open streams as A's sinks in a tight loop while A is noisy, each on a
+	// connection of its own: subscribe, wait for the first push or the refusal, close,
+	// again. LoopIdentities is how many sink identities of A they take in turn: a tenant's
+	// fleet has many, and with one the hub's per-peer limit refuses the loop before the
+	// tenant's limit has anything to do.
+	LoopWorkers, LoopIdentities int
+	// BSinks follow tenant B's one cluster and ACK every push at once; each of B's changes
+	// is timed at each of them.
+	BSinks int
+	// Changes of B measured per condition (A idle, A noisy), in Rounds alternating the two
+	// so that both see the same machine.
+	Changes, Rounds int
+	// Resources each cluster holds, and the body size of each.
+	Resources, Size int
+	// Gap is the pause between two of B's changes: B stays far below its own limits.
+	Gap time.Duration
+	// ALimits override the hub's tenantLimits for A (nil: the hub's defaults, as for B).
+	ALimits *hub.TenantLimits
+	// WarmUp bounds the wait, at the start of each noisy block, for A's pushes to settle at
+	// A's limit (the burst its bucket saved while idle spent). A block whose A is still
+	// faster after it is measured anyway and counted in TenantsResult.Unpaced. Default 10s.
+	WarmUp time.Duration
+}
+
+// TenantDeliveries are tenant B's changes in one condition.
+type TenantDeliveries struct {
+	// Latencies: B's cache to a sink, every sink's receipt of every change.
+	Latencies
+	// Ingest: per change, B's push to the hub's ACK, as B's source measures it.
+	Ingest Latencies
+	// Cores is the process's CPU (hub, every source, sink and the loop) per second of wall
+	// time while B was measured.
+	Cores float64
+	// HeapMiB is the process's heap after GC at the end of the condition's blocks (A still
+	// noisy in the noisy ones), the largest.
+	HeapMiB float64
+}
+
+// TenantsResult is tenant B's minion → hub → sink latency with A idle and with A noisy,
+// and what A achieved while B was measured under it.
+type TenantsResult struct {
+	Idle, Noisy TenantDeliveries
+	// APushLimit is the rate A's pushes should settle at: A's pushesPerSecond, or its
+	// clusters' quotas together when those are lower.
+	APushLimit float64
+	// APushesPerSec is the rate of A's pushes the hub applied, all its clusters together;
+	// AChangesPerPush how many of A's changes one push carried, on average.
+	APushesPerSec, AChangesPerPush float64
+	// Loop: the streams the loop opened per second, those the hub admitted (the first push
+	// arrived) per second, and the refusals by gRPC code.
+	LoopPerSec, LoopAdmittedPerSec float64
+	LoopRefused                    map[string]int64
+	// NoisySeconds is the time B was measured under A's noise.
+	NoisySeconds float64
+	// Unpaced is how many noisy blocks started with A still above APushLimit after the
+	// warm-up (see TenantsConfig.WarmUp).
+	Unpaced int
+}
+
+const (
+	tenantA, tenantB = "a", "b"
+	// Sink identities: sinkA + anything is A's (the tenant's pattern is sinkA + "*").
+	sinkA, sinkB = "sink-a-", "sink-b-"
+)
+
+func aCluster(i int) string { return fmt.Sprintf("a%03d", i) }
+
+const bCluster = "b000"
+
+// labelled runs f with the pprof label bench=what: it and every goroutine it starts (and
+// they start) carry it.
+func labelled(what string, f func()) {
+	pprof.Do(context.Background(), pprof.Labels("bench", what), func(context.Context) { f() })
+}
+
+// NoisyTenant runs two tenants on one hub (development mode: identities are the header's;
+// the hub's default per-peer stream limits and tenant limits, A's overridden by
+// cfg.ALimits). A: cfg.AClusters clusters flooding, cfg.ASinks sinks that never ACK, and
+// cfg.LoopWorkers opening streams as A's sinks as fast as they can. B: one cluster with a
+// minion's source and cfg.BSinks sinks that ACK at once. B makes one change at a time
+// (one resource), cfg.Gap apart, and the time from B's cache to each of B's sinks is
+// recorded, in rounds alternating A idle and A noisy.
+func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
+	var res TenantsResult
+	cfg.Rounds = max(cfg.Rounds, 1)
+	cfg.LoopIdentities = max(cfg.LoopIdentities, 1)
+	if cfg.WarmUp <= 0 {
+		cfg.WarmUp = 10 * time.Second
+	}
+	perBlock := max(cfg.Changes/cfg.Rounds, 1)
+	defaults := hub.Defaults()
+	aLimits := defaults.TenantLimits
+	if l := cfg.ALimits; l != nil && l.PushesPerSecond != 0 {
+		aLimits.PushesPerSecond = l.PushesPerSecond
+	}
+	res.APushLimit = min(aLimits.PushesPerSecond, float64(cfg.AClusters)*defaults.Quotas.PushesPerSecond)
+
+	var b *benchHub
+	var err error
+	labelled("hub", func() {
+		b, err = startHub(0, func(c *hub.Config) {
+			// Production's per-peer limits: the loop must get past them (it changes
+			// identity) for A's tenant limits to be what holds it.
+			c.Limits = defaults.Limits
+			// And production's per-cluster quotas (startHub lifts them): A's clusters
+			// flood at theirs.
+			c.Quotas = defaults.Quotas
+			c.Routing = routing.Config{}
+			all := routing.Config{Default: &routing.Rule{Name: "all"}}
+			a := hub.TenantConfig{Name: tenantA, Sinks: []string{sinkA + "*"}, Routing: all, Limits: cfg.ALimits}
+			for i := range cfg.AClusters {
+				n := aCluster(i)
+				a.Clusters = append(a.Clusters, hub.ClusterConfig{Name: n, Identities: []string{n}, Namespaces: []string{n}})
+			}
+			bt := hub.TenantConfig{Name: tenantB, Sinks: []string{sinkB + "*"}, Routing: all,
+				Clusters: []hub.ClusterConfig{{Name: bCluster, Identities: []string{bCluster}, Namespaces: []string{bCluster}}}}
+			c.Tenants = []hub.TenantConfig{a, bt}
+		})
+	})
+	if err != nil {
+		return res, err
+	}
+	defer b.stop()
+
+	name := func(cluster string, j int) string { return fmt.Sprintf("%s/r%04d", cluster, j%cfg.Resources) }
+	source := func(label, cl string, mark byte) (*mcp.Cache, *pushWatch, *cluster, error) {
+		cache := mcp.NewCache(hubCollection)
+		put := make([]*mcp.Entry, cfg.Resources)
+		for j := range put {
+			put[j] = markedResource(name(cl, j), mark, 0, cfg.Size)
+		}
+		cache.Put(hubCollection, put...)
+		w := newPushWatch()
+		var c *cluster
+		var err error
+		labelled(label, func() { c, err = b.connect(cl, cache, w.hooks()) })
+		return cache, w, c, err
+	}
+	aCaches, aWatches := make([]*mcp.Cache, cfg.AClusters), make([]*pushWatch, cfg.AClusters)
+	for i := range cfg.AClusters {
+		cache, w, c, err := source("a-flood", aCluster(i), 'A')
+		if err != nil {
+			return res, err
+		}
+		defer c.stop()
+		aCaches[i], aWatches[i] = cache, w
+	}
+	bCache, bWatch, bc, err := source("b-source", bCluster, 'B')
+	if err != nil {
+		return res, err
+	}
+	defer bc.stop()
+	if err := b.waitReady(); err != nil {
+		return res, err
+	}
+	var aSinks, bSinks *markSinks
+	labelled("a-sinks", func() {
+		aSinks, err = startSinksAs(b.serve, cfg.ASinks, "A", 0, func(int) bool { return true }, func(i int) string { return fmt.Sprintf("%s%04d", sinkA, i) })
+	})
+	if err != nil {
+		return res, err
+	}
+	defer aSinks.stop()
+	if err := aSinks.waitFirst(); err != nil {
+		return res, fmt.Errorf("A's sinks: %w", err)
+	}
+	labelled("b-sinks", func() {
+		bSinks, err = startSinksAs(b.serve, cfg.BSinks, "B", 'B', nil, func(i int) string { return fmt.Sprintf("%s%04d", sinkB, i) })
+	})
+	if err != nil {
+		return res, err
+	}
+	defer bSinks.stop()
+	if err := bSinks.waitFirst(); err != nil {
+		return res, fmt.Errorf("B's sinks: %w", err)
+	}
+	var lp *streamLoop
+	labelled("a-loop", func() { lp, err = newStreamLoop(b.serve, cfg.LoopWorkers, cfg.LoopIdentities) })
+	if err != nil {
+		return res, err
+	}
+	defer lp.close()
+
+	aSeq := make([]int, cfg.AClusters)
+	bSeq := 0
+	// flood runs A's cluster i's flood until stop is closed: a change as soon as its
+	// previous push was sent. It returns its last change's cache version.
+	flood := func(i int, stop <-chan struct{}) uint64 {
+		for {
+			aSeq[i]++
+			v := aCaches[i].Put(hubCollection, markedResource(name(aCluster(i), aSeq[i]), 'A', aSeq[i], cfg.Size))
+			select {
+			case <-aWatches[i].sent:
+			case <-stop:
+				return v
+			}
+		}
+	}
+	aAcks := func() int64 {
+		var n int64
+		for _, w := range aWatches {
+			n += w.acks.Load()
+		}
+		return n
+	}
+	type samples struct {
+		all, ingest []time.Duration
+		cpu, wall   time.Duration
+		heap        float64
+	}
+	measureB := func(c *samples) error {
+		cpu0, wall0 := cpuTime(), time.Now()
+		defer func() { c.cpu, c.wall = c.cpu+cpuTime()-cpu0, c.wall+time.Since(wall0) }()
+		for range perBlock {
+			bSeq++
+			got := 0
+			t0 := time.Now()
+			v := bCache.Put(hubCollection, markedResource(name(bCluster, bSeq), 'B', bSeq, cfg.Size))
+			timeout := time.NewTimer(30 * time.Second)
+			for range cfg.BSinks {
+				select {
+				case r := <-bSinks.receipts:
+					if r.seq != bSeq {
+						timeout.Stop()
+						return fmt.Errorf("a sink of B received B's change %d while %d was expected", r.seq, bSeq)
+					}
+					got++
+					c.all = append(c.all, r.at.Sub(t0))
+				case <-timeout.C:
+					return fmt.Errorf("B's change %d (version %d) reached %d of %d sinks in 30s; the hub ACKed B's version %d (%d NACKs, the last: %v); sinks' highest B: %v",
+						bSeq, v, got, cfg.BSinks, bWatch.acked.Load(), bWatch.nacks.Load(), bWatch.nack.Load(), bSinks.highestOf('B'))
+				}
+			}
+			timeout.Stop()
+			if err := bWatch.waitAcked(v); err != nil {
+				return err
+			}
+			c.ingest = append(c.ingest, time.Duration(bWatch.took.Load()))
+			time.Sleep(cfg.Gap)
+		}
+		return nil
+	}
+	var idle, noisy samples
+	var noisyTime time.Duration
+	var measuredPushes, aPushes, aChanges int64
+	var loopN loopCounts
+	for range cfg.Rounds {
+		if err := measureB(&idle); err != nil {
+			return res, err
+		}
+		idle.heap = max(idle.heap, heapMiB())
+
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		last := make([]uint64, cfg.AClusters)
+		seq0, acks0 := sum(aSeq), aAcks()
+		labelled("a-flood", func() {
+			for i := range cfg.AClusters {
+				wg.Add(1)
+				go func() { defer wg.Done(); last[i] = flood(i, stop) }()
+			}
+		})
+		lp.start()
+		// Warm up: A spends what its bucket saved while it was idle before B is measured,
+		// so that B meets A at its limit.
+		paced := waitPacedBy(aAcks, res.APushLimit, cfg.WarmUp)
+		if !paced {
+			res.Unpaced++
+		}
+		measured0, c0, t0 := aAcks(), lp.counts(), time.Now()
+		err = measureB(&noisy)
+		noisyTime += time.Since(t0)
+		measuredPushes += aAcks() - measured0
+		c1 := lp.counts()
+		loopN = loopN.add(c1.sub(c0))
+		if err == nil {
+			noisy.heap = max(noisy.heap, heapMiB())
+		}
+		lp.stop()
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			return res, err
+		}
+		// Quiet again: A's last changes are applied (its sinks never take them).
+		for i, w := range aWatches {
+			if err := w.waitAcked(last[i]); err != nil {
+				return res, fmt.Errorf("A's cluster %s: %w", aCluster(i), err)
+			}
+		}
+		aChanges += int64(sum(aSeq) - seq0)
+		aPushes += aAcks() - acks0
+	}
+	dist := func(s samples) TenantDeliveries {
+		return TenantDeliveries{Latencies: distribution(s.all), Ingest: distribution(s.ingest), Cores: s.cpu.Seconds() / s.wall.Seconds(), HeapMiB: s.heap}
+	}
+	res.Idle, res.Noisy = dist(idle), dist(noisy)
+	res.NoisySeconds = noisyTime.Seconds()
+	res.APushesPerSec = float64(measuredPushes) / noisyTime.Seconds()
+	res.AChangesPerPush = float64(aChanges) / float64(max(aPushes, 1))
+	res.LoopPerSec = float64(loopN.opened) / noisyTime.Seconds()
+	res.LoopAdmittedPerSec = float64(loopN.admitted) / noisyTime.Seconds()
+	res.LoopRefused = loopN.refused
+	return res, nil
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// waitPacedBy waits until acks grows at about rate a second: two windows in a row in
+// which it grew by no more than 1.5 times the rate. It gives up after bound, and says
+// whether the rate was reached.
+func waitPacedBy(acks func() int64, rate float64, bound time.Duration) bool {
+	const window = 100 * time.Millisecond
+	limit := int64(rate*window.Seconds()*1.5) + 1
+	calm := 0
+	for deadline := time.Now().Add(bound); calm < 2; {
+		if time.Now().After(deadline) {
+			return false
+		}
+		before := acks()
+		time.Sleep(window)
+		if acks()-before <= limit {
+			calm++
+		} else {
+			calm = 0
+		}
+	}
+	return true
+}
+
+// startSinksAs is startMarkSinks with an identity per sink: sink i subscribes as
+// identity(i), in the development identity header, so that the hub takes it for that
+// tenant's.
+func startSinksAs(addr string, n int, marks string, report byte, stall func(i int) bool, identity func(i int) string) (*markSinks, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &markSinks{n: n, highest: map[byte][]atomic.Int64{}, receipts: make(chan receipt, 2*n), first: make(chan struct{}, n), cancel: cancel}
+	for _, m := range []byte(marks) {
+		h := make([]atomic.Int64, n)
+		for i := range h {
+			h[i].Store(-1)
+		}
+		s.highest[m] = h
+	}
+	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	for i := range n {
+		if i%100 == 0 {
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				s.stop()
+				return nil, err
+			}
+			s.conns = append(s.conns, cc)
+		}
+		cc := s.conns[len(s.conns)-1]
+		sctx := metadata.AppendToOutgoingContext(ctx, hub.DevIdentityHeader, identity(i))
+		st, err := cc.NewStream(sctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
+		if err == nil {
+			err = st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, Incremental: true})
+		}
+		if err != nil {
+			s.stop()
+			return nil, err
+		}
+		stalls := stall != nil && stall(i)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for first := true; ; first = false {
+				var f rawMsg
+				if err := st.RecvMsg(&f); err != nil {
+					return
+				}
+				at := time.Now()
+				if first {
+					s.first <- struct{}{}
+					if stalls {
+						<-ctx.Done()
+						return
+					}
+				}
+				if err := st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, ResponseNonce: scanNonce(f.b), Incremental: true}); err != nil {
+					return
+				}
+				r := receipt{seq: -1, at: at}
+				for m, h := range s.highest {
+					if seq := maxMark(f.b, m); int64(seq) > h[i].Load() {
+						h[i].Store(int64(seq))
+						if m == report {
+							r.seq = seq
+						}
+					}
+				}
+				if r.seq >= 0 && !first {
+					select {
+					case s.receipts <- r:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}()
+	}
+	return s, nil
+}
+
+// streamLoop opens streams as A's sinks in a tight loop while started: each worker, on a
+// connection of its own, subscribes, waits for the first push (the hub admitted the
+// stream) or the refusal, closes the stream and starts over, taking the next identity.
+type streamLoop struct {
+	conns      []*grpc.ClientConn
+	identities int
+	next       atomic.Int64 // the next identity's number
+
+	mu      sync.Mutex
+	c       loopCounts
+	stopped chan struct{} // closed to stop the running workers
+	wg      sync.WaitGroup
+}
+
+// loopCounts are the loop's streams: opened, admitted, and refused by gRPC code.
+type loopCounts struct {
+	opened, admitted int64
+	refused          map[string]int64
+}
+
+func (c loopCounts) sub(o loopCounts) loopCounts {
+	out := loopCounts{opened: c.opened - o.opened, admitted: c.admitted - o.admitted, refused: map[string]int64{}}
+	for k, v := range c.refused {
+		if d := v - o.refused[k]; d != 0 {
+			out.refused[k] = d
+		}
+	}
+	return out
+}
+
+func (c loopCounts) add(o loopCounts) loopCounts {
+	out := loopCounts{opened: c.opened + o.opened, admitted: c.admitted + o.admitted, refused: map[string]int64{}}
+	for k, v := range c.refused {
+		out.refused[k] += v
+	}
+	for k, v := range o.refused {
+		out.refused[k] += v
+	}
+	return out
+}
+
+// newStreamLoop dials the loop's connections; the workers run between start and stop.
+func newStreamLoop(addr string, workers, identities int) (*streamLoop, error) {
+	l := &streamLoop{identities: identities, c: loopCounts{refused: map[string]int64{}}}
+	for range workers {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		l.conns = append(l.conns, cc)
+	}
+	return l, nil
+}
+
+func (l *streamLoop) start() {
+	l.stopped = make(chan struct{})
+	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	for _, cc := range l.conns {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stopped:
+					return
+				default:
+				}
+				id := fmt.Sprintf("%sloop-%05d", sinkA, l.next.Add(1)%int64(l.identities))
+				ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), hub.DevIdentityHeader, id))
+				admitted, code := l.once(ctx, cc, codecOpt)
+				cancel()
+				l.mu.Lock()
+				l.c.opened++
+				if admitted {
+					l.c.admitted++
+				} else {
+					l.c.refused[code]++
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// once opens one stream and says whether the hub admitted it (its first push arrived), or
+// else the code it was refused with.
+func (l *streamLoop) once(ctx context.Context, cc *grpc.ClientConn, codecOpt grpc.CallOption) (bool, string) {
+	st, err := cc.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
+	if err == nil {
+		err = st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, Incremental: true})
+	}
+	if err == nil {
+		var f rawMsg
+		if err = st.RecvMsg(&f); err == nil {
+			return true, ""
+		}
+	}
+	return false, status.Code(err).String()
+}
+
+func (l *streamLoop) counts() loopCounts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c.add(loopCounts{})
+}
+
+func (l *streamLoop) stop() {
+	close(l.stopped)
+	l.wg.Wait()
+}
+
+func (l *streamLoop) close() {
+	for _, cc := range l.conns {
+		cc.Close()
+	}
+}
