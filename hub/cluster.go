@@ -61,7 +61,7 @@ func (cs *clusterState) pacer(q QuotaConfig) *pushLimiter {
 // addClusterLocked brings a cluster into the hub's state. The caller holds clustersMu.
 func (h *Hub) addClusterLocked(name string) *clusterState {
 	log := h.log.With("cluster", name)
-	cs := &clusterState{name: name, log: log, data: h.store.addCluster(name), sessions: map[*Session]bool{},
+	cs := &clusterState{name: name, log: log, data: h.store.addCluster(name, h.current().comp.tenants.OfCluster(name)), sessions: map[*Session]bool{},
 		negotiation: mcp.NewNegotiation(log, h.mcpMetrics)}
 	h.clusters[name] = cs
 	return cs

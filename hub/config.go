@@ -199,7 +199,9 @@ func Defaults() *Config {
 		Quotas: QuotaConfig{MaxObjects: 200_000, MaxBytes: 512 << 20, PushesPerSecond: 20, PushBurst: 300},
 		// A tenant of many clusters and sink fleets: its fleets may all reconnect at once
 		// after a hub restart (the burst), a few clusters may push at their quota together,
-		// and no tenant alone can fill the hub's memory or stream table.
+		// and no tenant alone can fill the hub's memory or stream table. They bound each
+		// tenant, and the peers of none together; a hub without tenants has no other tenant
+		// to keep apart from, and its clusters' quotas and per-peer limits bound it alone.
 		TenantLimits: TenantLimits{MaxStreams: 20_000, StreamsPerSecond: 200, StreamBurst: 2_000, PushesPerSecond: 100, PushBurst: 1_000,
 			MaxObjects: 1_000_000, MaxBytes: 2 << 30},
 	}

@@ -437,8 +437,9 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 }
 
 // serverConfig admits a listener's streams: auth says who the peer is, the configured
-// limits bound what it may open, and a stream is served only once the hub is ready
-// (readyToServe; a listener whose streams end the warm-up unsets Ready).
+// limits bound what it may open, and its tenant's what all of its tenant's peers may
+// (streamTenant), and a stream is served only once the hub is ready (readyToServe; a
+// listener whose streams end the warm-up unsets Ready).
 func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.ServerConfig {
 	l := h.cfg.Limits
 	sc := mcp.ServerConfig{Authenticate: auth, Ready: h.readyToServe, Logger: h.log, Metrics: h.mcpMetrics,
@@ -449,5 +450,6 @@ func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.Serve
 	if sc.IdleTimeout == 0 {
 		sc.IdleTimeout = -1
 	}
+	sc.Groups = h.streamGroups() // one for every listener: a tenant's limits span them all
 	return sc
 }

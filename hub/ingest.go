@@ -144,12 +144,17 @@ func (h *Hub) newSession(cs *clusterState, opts SessionOptions, peer *peerSource
 	return s, err
 }
 
-// applyPaced applies a push of a session once the cluster's push rate allows it: a
-// cluster pushing faster waits on its own stream (its source coalesces meanwhile).
+// applyPaced applies a push of a session once the cluster's push rate allows it, then its
+// tenant's (all of the tenant's clusters together): a cluster pushing faster, or of a
+// tenant pushing faster, waits on its own stream (its source coalesces meanwhile), and no
+// other tenant's cluster waits with it.
 func (h *Hub) applyPaced(ctx context.Context, s *Session, c *mcp.Change) error {
 	if s.own {
 		q := h.current().comp.quotaFor(s.cs.name).q
 		if err := s.cs.pacer(q).wait(ctx); err != nil {
+			return err
+		}
+		if err := h.paceTenant(ctx, s.cs.name); err != nil {
 			return err
 		}
 	}
@@ -187,6 +192,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	var quota *quotaGuard // copies were bounded where they were written
 	if s.own {
 		quota = cur.comp.quotaFor(cs.name)
+		quota.tenant, quota.tenanted = cur.tenantLimits(cur.comp.tenants.OfCluster(cs.name)), !cur.comp.tenants.Single()
 	}
 	for i, e := range c.Entries {
 		r := c.Resources[i]

@@ -84,7 +84,6 @@ func (s *store) addCandidateLocked(r *resource) {
 		idx = map[string][]*resource{}
 		s.index[r.collection] = idx
 	}
-	s.collBytes[r.collection] += servedSize(r)
 	c := append(idx[r.name], r)
 	sort.SliceStable(c, func(i, j int) bool { return s.policy.less(c[i], c[j]) })
 	idx[r.name] = c
@@ -95,7 +94,6 @@ func (s *store) addCandidateLocked(r *resource) {
 }
 
 func (s *store) dropCandidateLocked(r *resource) {
-	s.collBytes[r.collection] -= servedSize(r)
 	idx := s.index[r.collection]
 	c := idx[r.name]
 	for i, x := range c {

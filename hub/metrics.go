@@ -1,6 +1,11 @@
 package hub
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the hub's Prometheus metrics. A nil *Metrics records nothing.
 type Metrics struct {
@@ -16,6 +21,17 @@ type Metrics struct {
 	deletionsHeld  *prometheus.GaugeVec
 	breakerTrips   *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
+
+	// By tenant: the configured ones, and noTenant for the peers of none; a reload forgets
+	// the series of a tenant it removed (retainTenants).
+	tenantStreamsGauge   *prometheus.GaugeVec
+	tenantStreamsRefused *prometheus.CounterVec
+	tenantObjects        *prometheus.GaugeVec
+	tenantBytes          *prometheus.GaugeVec
+	tenantPushesDelayed  *prometheus.CounterVec
+	tenantPushDelay      *prometheus.CounterVec
+	tenantsMu            sync.Mutex      // guards tenantNames
+	tenantNames          map[string]bool // the tenants with series
 }
 
 // NewMetrics creates the hub's metrics and registers them with reg.
@@ -48,6 +64,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.takeovers = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cluster_takeovers_total",
 		Help: "Streams of a cluster's source that took over from another still open (one writer per cluster: the previous one is closed)."}, []string{"cluster"})
 	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips, m.takeovers)
+	const tsub = "tenant"
+	m.tenantStreamsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: tsub, Name: "streams",
+		Help: "Streams a tenant's peers (minions, relays, sinks) have open on the hub's listeners, all together; tenant=\"(none)\": the peers of no tenant."}, []string{"tenant"})
+	m.tenantStreamsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: tsub, Name: "streams_rejected_total",
+		Help: "Streams refused by the tenant's limits, by reason (tenant_rate_limited, tenant_too_many_streams)."}, []string{"tenant", "reason"})
+	m.tenantObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: tsub, Name: "objects",
+		Help: "Objects a tenant's clusters hold, all together (what tenantLimits.maxObjects bounds)."}, []string{"tenant"})
+	m.tenantBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: tsub, Name: "bytes",
+		Help: "Bytes a tenant's clusters' objects add up to as served, all together (what tenantLimits.maxBytes bounds)."}, []string{"tenant"})
+	m.tenantPushesDelayed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: tsub, Name: "pushes_delayed_total",
+		Help: "Pushes of a tenant's clusters that waited for its pushesPerSecond (on their own streams; nothing is dropped)."}, []string{"tenant"})
+	m.tenantPushDelay = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: tsub, Name: "push_delay_seconds_total",
+		Help: "Time the pushes of a tenant's clusters waited for its pushesPerSecond, all together."}, []string{"tenant"})
+	m.tenantNames = map[string]bool{}
+	reg.MustRegister(m.tenantStreamsGauge, m.tenantStreamsRefused, m.tenantObjects, m.tenantBytes, m.tenantPushesDelayed, m.tenantPushDelay)
 	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
 	return m
 }
@@ -143,4 +174,92 @@ func (m *Metrics) forgetCluster(cluster string) {
 	m.deletionsHeld.DeleteLabelValues(cluster)
 	m.breakerTrips.DeleteLabelValues(cluster)
 	m.takeovers.DeleteLabelValues(cluster)
+}
+
+// tenantSeen records that tenant has series, for retainTenants.
+func (m *Metrics) tenantSeen(tenant string) {
+	m.tenantsMu.Lock()
+	defer m.tenantsMu.Unlock()
+	m.tenantNames[tenant] = true
+}
+
+func (m *Metrics) tenantStreams(tenant string, open int) {
+	if m == nil {
+		return
+	}
+	m.tenantSeen(tenant)
+	m.tenantStreamsGauge.WithLabelValues(tenant).Set(float64(open))
+}
+
+// tenantStreamsGone drops the streams gauge of a tenant a reload removed, once its last
+// stream has ended.
+func (m *Metrics) tenantStreamsGone(tenant string) {
+	if m == nil {
+		return
+	}
+	m.tenantStreamsGauge.DeleteLabelValues(tenant)
+}
+
+func (m *Metrics) tenantStreamRefused(tenant, reason string) {
+	if m == nil {
+		return
+	}
+	m.tenantSeen(tenant)
+	m.tenantStreamsRefused.WithLabelValues(tenant, reason).Inc()
+}
+
+func (m *Metrics) tenantPushDelayed(tenant string, wait time.Duration) {
+	if m == nil {
+		return
+	}
+	m.tenantSeen(tenant)
+	m.tenantPushesDelayed.WithLabelValues(tenant).Inc()
+	m.tenantPushDelay.WithLabelValues(tenant).Add(wait.Seconds())
+}
+
+// tenantGauges are a tenant's usage series, bound once (the store sets them on every
+// change). The zero value records nothing.
+type tenantGauges struct{ objects, bytes prometheus.Gauge }
+
+func (m *Metrics) tenantUsage(tenant string) tenantGauges {
+	if m == nil {
+		return tenantGauges{}
+	}
+	m.tenantSeen(tenant)
+	return tenantGauges{objects: m.tenantObjects.WithLabelValues(tenant), bytes: m.tenantBytes.WithLabelValues(tenant)}
+}
+
+func (g tenantGauges) set(u *tenantUsage) {
+	if g.objects == nil {
+		return
+	}
+	g.objects.Set(float64(u.objects))
+	g.bytes.Set(float64(u.bytes))
+}
+
+// retainTenants drops the series of every tenant keep does not keep; the streams gauge of
+// one whose peers still have streams open (open) goes with the last of them.
+func (m *Metrics) retainTenants(keep func(tenant string) bool, open func(tenant string) int) {
+	if m == nil {
+		return
+	}
+	m.tenantsMu.Lock()
+	var gone []string
+	for name := range m.tenantNames {
+		if !keep(name) {
+			gone = append(gone, name)
+			delete(m.tenantNames, name)
+		}
+	}
+	m.tenantsMu.Unlock() // open takes the stream groups' lock, under which they record here
+	for _, name := range gone {
+		m.tenantStreamsRefused.DeletePartialMatch(prometheus.Labels{"tenant": name})
+		m.tenantObjects.DeleteLabelValues(name)
+		m.tenantBytes.DeleteLabelValues(name)
+		m.tenantPushesDelayed.DeleteLabelValues(name)
+		m.tenantPushDelay.DeleteLabelValues(name)
+		if open(name) == 0 {
+			m.tenantStreamsGauge.DeleteLabelValues(name)
+		}
+	}
 }

@@ -7,14 +7,15 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Bounds on what one cluster may publish. A cluster's flood or mistake must not take
-// memory and CPU from the others, and the hub must never accept what it cannot serve: a
-// full-state sink (istiod) receives a whole collection in one message of at most
-// maxMessageSize, so an object, or a collection, larger than that would stop the whole
-// collection for every such sink. Over a bound the object is refused at ingest, by name and
-// with the bound (its last accepted version, if any, stays), like an ownership refusal;
-// pushes faster than the cluster's rate are not refused but wait, on the cluster's own
-// stream: its source coalesces what changes meanwhile, and no other cluster waits.
+// Bounds on what one cluster may publish (and, tenant_limits.go, what all of a tenant's
+// clusters may, together). A cluster's flood or mistake must not take memory and CPU from
+// the others, and the hub must never accept what it cannot serve: a full-state sink
+// (istiod) receives a whole collection in one message of at most maxMessageSize, so an
+// object, or a collection, larger than that would stop the whole collection for every such
+// sink. Over a bound the object is refused at ingest, by name and with the bound (its last
+// accepted version, if any, stays), like an ownership refusal; pushes faster than the
+// cluster's rate are not refused but wait, on the cluster's own stream: its source
+// coalesces what changes meanwhile, and no other cluster waits.
 
 // QuotaConfig bounds what one cluster may publish.
 type QuotaConfig struct {
@@ -29,11 +30,13 @@ type QuotaConfig struct {
 	// faster pushes wait on their stream (the source coalesces changes meanwhile).
 	PushesPerSecond float64 `json:"pushesPerSecond,omitempty"`
 	PushBurst       int     `json:"pushBurst,omitempty"`
-	// MaxCollectionBytes bounds a collection, all clusters together, as served (hub-wide:
-	// not per cluster). 0: what a full-state sink (istiod) can receive in one push,
-	// maxMessageSize less the envelope. -1: no bound, for a hub whose sinks all take
-	// incremental pushes (which are split); a full-state sink then stops receiving a
-	// collection that outgrows one push.
+	// MaxCollectionBytes bounds a collection, all of a tenant's clusters together (without
+	// tenants, all clusters), as served: what the tenant's sinks receive of its own
+	// clusters. Set for the hub, not per cluster; each tenant has its own, so one tenant's
+	// objects never make another's refused. 0: what a full-state sink (istiod) can receive
+	// in one push, maxMessageSize less the envelope. -1: no bound, for a hub whose sinks
+	// all take incremental pushes (which are split); a full-state sink then stops receiving
+	// a collection that outgrows one push.
 	MaxCollectionBytes int64 `json:"maxCollectionBytes,omitempty"`
 }
 
@@ -105,8 +108,12 @@ func servedSize(r *resource) int64 {
 // quotaGuard is what the store needs to bound a cluster's write.
 type quotaGuard struct {
 	q QuotaConfig
-	// collectionBudget is the most a collection may add up to, all clusters together
-	// (negative: no bound).
+	// tenant bounds all of the cluster's tenant's clusters together (tenantLimits; zero
+	// without tenants), and tenanted says there are tenants, for the reasons' words.
+	tenant   TenantLimits
+	tenanted bool
+	// collectionBudget is the most a collection may add up to, all of the tenant's
+	// clusters together (negative: no bound).
 	collectionBudget int64
 }
 

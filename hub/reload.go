@@ -80,6 +80,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 			res.ClosedIngest += h.removeCluster(name)
 		}
 	}
+	h.store.retenant(comp)
 
 	refused, held := h.recheckOwnership(comp, "a configuration reload")
 	res.Held = held

@@ -140,9 +140,9 @@ func TestStoreAccountingNeverDrifts(t *testing.T) {
 				}
 			}
 		}
-		for c, v := range s.collBytes {
+		for c, v := range s.usage[DefaultTenant].coll {
 			if coll[c] != v {
-				t.Fatalf("step %d: collBytes[%s] = %d, index says %d", step, c, v, coll[c])
+				t.Fatalf("step %d: the tenant's usage of %s = %d, index says %d", step, c, v, coll[c])
 			}
 		}
 		for _, d := range s.clusters {

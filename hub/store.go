@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -67,6 +68,9 @@ type clusterData struct {
 	held    heldDeletions // deletions its breaker holds (their resources are still in colls)
 	objects int           // how many resources colls holds
 	bytes   int64         // what they add up to, as served (servedSize)
+	// usage is its tenant's (set under the store's mu; read without it to pick the write
+	// path's turn).
+	usage atomic.Pointer[tenantUsage]
 }
 
 // errRemoved refuses a write to a cluster that has left the configuration.
@@ -75,7 +79,8 @@ var errRemoved = errors.New("the cluster is no longer in the hub's configuration
 // store is the hub's state: every cluster's accepted resources, the merged index of their
 // collections (merge.go), and the views routing subsets are served from (views.go). Each
 // part is brought up to date in the same step, under one lock, so a sink never sees a
-// state the store did not have. A change costs O(changed names × views).
+// state the store did not have. A change costs O(changed names × views). It also counts
+// what each tenant holds, and keeps each tenant's load on the hub (tenant_limits.go).
 type store struct {
 	log         *slog.Logger
 	collections []string
@@ -92,23 +97,32 @@ type store struct {
 	// conflicting counts the collection/names held by more than one cluster.
 	conflicting int
 	views       map[string]*view // subset key -> view
-	// collBytes is what each collection's resources add up to as served, all candidates of
-	// all clusters (a bound on any view's full state).
-	collBytes map[string]int64
+	// usage is what each tenant's clusters hold, all candidates (a bound on what its sinks
+	// receive of its own clusters).
+	usage map[string]*tenantUsage
+
+	// gate orders the writers (apply) by tenant before they take mu, when there are several
+	// tenants (tenanted): one tenant's queue of writers does not hold another's back.
+	gate     *fairGate
+	tenanted atomic.Bool
+	load     *tenantLoad
 }
 
 func newStore(collections []string, policy ConflictPolicy, log *slog.Logger, m *Metrics,
 	changed func(cluster, collection string, put []*mcp.Entry, removed []string)) *store {
 	return &store{log: log, collections: collections, policy: policy, metrics: m, changed: changed,
 		clusters: map[string]*clusterData{}, index: map[string]map[string][]*resource{}, views: map[string]*view{},
-		collBytes: map[string]int64{}}
+		usage: map[string]*tenantUsage{}, gate: newFairGate(), load: newTenantLoad()}
 }
 
-// addCluster starts an empty store for a cluster joining the configuration.
-func (s *store) addCluster(name string) *clusterData {
+// addCluster starts an empty store for a cluster of tenant joining the configuration ("" if
+// the live configuration does not name it yet: retenant will).
+func (s *store) addCluster(name, tenant string) *clusterData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := &clusterData{name: name, colls: map[string]map[string]*resource{}}
+	d.usage.Store(s.usageLocked(tenant))
+	s.tenanted.Store(len(s.usage) > 1)
 	s.clusters[name] = d
 	return d
 }
@@ -125,6 +139,7 @@ func (s *store) removeCluster(d *clusterData) {
 		touched := make(map[string]bool, len(held))
 		for n, r := range held {
 			s.dropCandidateLocked(r)
+			s.countLocked(d, r, -1)
 			touched[n] = true
 		}
 		s.publishLocked(coll, touched)
@@ -171,6 +186,10 @@ type applied struct {
 
 // apply records a cluster's write, or returns errRemoved.
 func (s *store) apply(d *clusterData, w write) (res applied, err error) {
+	if s.gate != nil && s.tenanted.Load() {
+		s.gate.enter(d.usage.Load().name)
+		defer s.gate.leave()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d.removed {
@@ -215,10 +234,9 @@ func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 		}
 		if old != nil {
 			s.dropCandidateLocked(old)
-		} else {
-			d.objects++
+			s.countLocked(d, old, -1)
 		}
-		d.bytes += servedSize(r) - servedSize(old)
+		s.countLocked(d, r, 1)
 		have[r.name] = r
 		s.addCandidateLocked(r)
 		touched[r.name] = true
@@ -241,21 +259,31 @@ func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 }
 
 // overQuotaLocked says why putting r in place of old (nil: a new object) would exceed
-// the cluster's bounds or what a sink can receive of the collection, or "". The caller holds
-// the lock.
+// the cluster's bounds, its tenant's, or what its tenant's sinks can receive of the
+// collection, or "". Each reason names the bound and whose it is: the cluster, or its own
+// tenant, never another tenant or its clusters. The caller holds the lock.
 func (s *store) overQuotaLocked(d *clusterData, collection string, old, r *resource, g *quotaGuard) string {
 	if g == nil {
 		return ""
 	}
 	grow := servedSize(r) - servedSize(old)
+	u := d.usage.Load()
 	switch {
 	case old == nil && g.q.MaxObjects > 0 && d.objects >= g.q.MaxObjects:
 		return fmt.Sprintf("quota: cluster %q holds %d objects, its maxObjects", d.name, d.objects)
 	case grow > 0 && g.q.MaxBytes > 0 && d.bytes+grow > g.q.MaxBytes:
 		return fmt.Sprintf("quota: cluster %q's objects would add up to %d bytes, more than its maxBytes %d", d.name, d.bytes+grow, g.q.MaxBytes)
-	case grow > 0 && g.collectionBudget >= 0 && s.collBytes[collection]+grow > g.collectionBudget:
-		return fmt.Sprintf("%s would add up to %d bytes with it, all clusters together: more than its bound, %d (quotas.maxCollectionBytes; by default what a sink can receive in one push)",
-			collection, s.collBytes[collection]+grow, g.collectionBudget)
+	case old == nil && g.tenant.MaxObjects > 0 && u.objects >= g.tenant.MaxObjects:
+		return fmt.Sprintf("quota: tenant %q's clusters hold %d objects, all together: its maxObjects (tenantLimits)", u.name, u.objects)
+	case grow > 0 && g.tenant.MaxBytes > 0 && u.bytes+grow > g.tenant.MaxBytes:
+		return fmt.Sprintf("quota: tenant %q's clusters' objects would add up to %d bytes, all together: more than its maxBytes %d (tenantLimits)", u.name, u.bytes+grow, g.tenant.MaxBytes)
+	case grow > 0 && g.collectionBudget >= 0 && u.coll[collection]+grow > g.collectionBudget:
+		whose := "all clusters together"
+		if g.tenanted {
+			whose = fmt.Sprintf("all of tenant %q's clusters together", u.name)
+		}
+		return fmt.Sprintf("%s would add up to %d bytes with it, %s: more than its bound, %d (quotas.maxCollectionBytes; by default what a sink can receive in one push)",
+			collection, u.coll[collection]+grow, whose, g.collectionBudget)
 	}
 	return ""
 }
@@ -272,8 +300,7 @@ func (s *store) dropLocked(d *clusterData, collection string, names []string, to
 			continue
 		}
 		delete(have, n)
-		d.objects--
-		d.bytes -= servedSize(old)
+		s.countLocked(d, old, -1)
 		d.held.unhold(collection, n)
 		s.dropCandidateLocked(old)
 		touched[n] = true
