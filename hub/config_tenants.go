@@ -2,11 +2,13 @@ package hub
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/pattern"
 	"github.com/meshfed/meshfed/hub/tenancy"
+	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
 )
 
@@ -144,6 +146,10 @@ func (c *compiled) sight(tenant string) *sight {
 func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 	out.tenant = map[string]*tenantComp{}
 	specs := make([]tenancy.Tenant, 0, len(groups))
+	table, err := kinds.NewTable(c.Kinds) // valid: compile has built it
+	if err != nil {
+		return err
+	}
 	for _, g := range groups {
 		tc := &tenantComp{name: g.Name, limits: c.TenantLimits.over(g.Limits), routing: g.Routing}
 		if err := g.Limits.check(g.field + "limits"); err != nil {
@@ -171,6 +177,9 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 		if err := c.checkSinkTrust(out, g); err != nil {
 			return err
 		}
+		if err := checkExportCollections(g, table); err != nil {
+			return err
+		}
 		out.tenant[g.Name] = tc
 		out.ownership.owners[g.Name] = owners
 		spec := tenancy.Tenant{Name: g.Name, Sinks: g.Sinks, Operators: g.Operators, Exports: g.Exports}
@@ -183,11 +192,33 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 		out.tenants = tenancy.Single(DefaultTenant, specs[0].Clusters)
 		return nil
 	}
-	var err error
 	if out.tenants, err = tenancy.New("tenants", specs); err != nil {
 		return err
 	}
 	return checkTenantClaims(groups)
+}
+
+// checkExportCollections refuses an export's collection (one without "*") that is not a
+// collection name of the built-in and configured kinds: tenancy compares them with the
+// objects' collections as they are, so any other spelling ("gw", "Gateway") would share
+// nothing, silently.
+func checkExportCollections(g tenantGroup, table *kinds.Table) error {
+	for i, e := range g.Exports {
+		for j, coll := range e.Collections {
+			if strings.Contains(coll, "*") {
+				continue
+			}
+			field := fmt.Sprintf("%sexports[%d] (%q).collections[%d]", g.field, i, e.Name, j)
+			k, err := table.Resolve(coll)
+			if err != nil {
+				return fmt.Errorf("%s: %w", field, err)
+			}
+			if k.Collection != coll {
+				return fmt.Errorf("%s: %q: want the collection name, %s", field, coll, k.Collection)
+			}
+		}
+	}
+	return nil
 }
 
 func ownersOf(clusters []ClusterConfig) []acl.Cluster {
@@ -202,51 +233,60 @@ func ownersOf(clusters []ClusterConfig) []acl.Cluster {
 // cluster-scoped objects of a collection both could own. Within a tenant, overlaps are its
 // own business (sharedNamespaces, conflicts); across tenants one could publish what the
 // other's sinks serve, or win a conflict over it. The patterns are valid (each tenant's
-// acl.New has checked them).
+// acl.New has checked them). An error names both fields, each as a path into the
+// configuration, and what they both match.
 func checkTenantClaims(groups []tenantGroup) error {
 	type claims struct {
+		field      string // tenants[i] ("t").clusters[j] ("c")
 		namespaces []pattern.Namespace
 		hosts      []pattern.Host
-		scoped     map[string]bool // collection, or "*"
+		scoped     []string // collections, or "*"
 	}
-	of := func(cl ClusterConfig) claims {
-		var c claims
+	of := func(g tenantGroup, j int) claims {
+		cl := g.Clusters[j]
+		c := claims{field: fmt.Sprintf("%sclusters[%d] (%q)", g.field, j, cl.Name), scoped: cl.ClusterScoped}
 		c.namespaces, _ = pattern.ParseNamespaces("", cl.Namespaces)
 		for _, h := range cl.Hosts {
 			p, _ := pattern.ParseHost(h)
 			c.hosts = append(c.hosts, p)
 		}
-		c.scoped = map[string]bool{}
-		for _, s := range cl.ClusterScoped {
-			c.scoped[s] = true
-		}
 		return c
 	}
-	for i, a := range groups {
-		for _, b := range groups[i+1:] {
-			for _, ca := range a.Clusters {
-				x := of(ca)
-				for _, cb := range b.Clusters {
-					y := of(cb)
-					where := fmt.Sprintf("%sclusters (%q) and %sclusters (%q)", a.field, ca.Name, b.field, cb.Name)
-					for _, p := range x.namespaces {
-						for _, q := range y.namespaces {
+	tenants := make([][]claims, len(groups))
+	for i, g := range groups {
+		for j := range g.Clusters {
+			tenants[i] = append(tenants[i], of(g, j))
+		}
+	}
+	for i, a := range tenants {
+		for _, b := range tenants[i+1:] {
+			for _, x := range a {
+				for _, y := range b {
+					for k, p := range x.namespaces {
+						for l, q := range y.namespaces {
 							if ov, ok := p.Overlap(q); ok {
-								return fmt.Errorf("%s both own namespaces %q (%q, %q): tenants may not share a namespace; export objects instead", where, ov, p, q)
+								return fmt.Errorf("%s.namespaces[%d] (%q) and %s.namespaces[%d] (%q) both match namespaces %q: tenants may not share a namespace; export objects instead",
+									x.field, k, p, y.field, l, q, ov)
 							}
 						}
 					}
-					for _, p := range x.hosts {
-						for _, q := range y.hosts {
+					for k, p := range x.hosts {
+						for l, q := range y.hosts {
 							if ov, ok := p.Overlap(q); ok {
-								return fmt.Errorf("%s both own hosts %q (%q, %q): tenants may not share a host", where, ov, p, q)
+								return fmt.Errorf("%s.hosts[%d] (%q) and %s.hosts[%d] (%q) both match hosts %q: tenants may not share a host",
+									x.field, k, p, y.field, l, q, ov)
 							}
 						}
 					}
-					for coll := range x.scoped {
-						for other := range y.scoped {
-							if coll == other || coll == "*" || other == "*" {
-								return fmt.Errorf("%s are both granted cluster-scoped %s (%q, %q): tenants may not publish the same cluster-scoped names", where, coll, coll, other)
+					for k, p := range x.scoped {
+						for l, q := range y.scoped {
+							if p == q || p == "*" || q == "*" {
+								both := p
+								if p == "*" {
+									both = q
+								}
+								return fmt.Errorf("%s.clusterScoped[%d] (%q) and %s.clusterScoped[%d] (%q) both grant cluster-scoped %s: tenants may not publish the same cluster-scoped names",
+									x.field, k, p, y.field, l, q, both)
 							}
 						}
 					}

@@ -19,6 +19,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 	"sigs.k8s.io/yaml"
 
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/testkit/golden"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -30,11 +31,12 @@ import (
 // scenario has such steps) and what every sink is served. `go test -update` rewrites the
 // want sections.
 //
-// A step is a push (cluster, collection, full, resources, removed), `reload: SECTION` (the
-// configuration in that section replaces the running one), `disconnect: CLUSTER` (the
-// cluster's stream ends; its next push opens a new one) or `advance: DURATION` (the clock
-// moves on and the hub expires what is stale). Each cluster pushes on one stream, a session
-// of the core, opened at its first push.
+// A step is a push (cluster, collection, full, resources, removed; direct: as the cluster's
+// own source, so that its quotas and breaker judge it), `reload: SECTION` (the configuration
+// in that section replaces the running one), `disconnect: CLUSTER` (the cluster's stream
+// ends; its next push opens a new one), `advance: DURATION` (the clock moves on and the hub
+// expires what is stale) or `show: true` (what every sink receives at that point). Each
+// cluster pushes on one stream, a session of the core, opened at its first push.
 
 type goldenPush struct {
 	Cluster    string           `json:"cluster"`
@@ -42,6 +44,12 @@ type goldenPush struct {
 	Full       bool             `json:"full"`
 	Resources  []goldenResource `json:"resources"`
 	Removed    []string         `json:"removed"`
+
+	// Direct pushes as the cluster's own source does (Hub.Apply): its quotas and breaker
+	// judge the push (a session's pushes here are copies, which they do not).
+	Direct bool `json:"direct"`
+
+	Show bool `json:"show"` // write what every sink receives now
 
 	Reload     string `json:"reload"`
 	Disconnect string `json:"disconnect"`
@@ -160,12 +168,64 @@ func runGolden(t *testing.T, path string) {
 		watched = append(watched, w)
 	}
 
+	// showSinks writes what every sink receives now, and checks that each view, kept up to
+	// date incrementally (and by reloads, which recompute only some), holds what a fresh
+	// computation for its route does.
+	showSinks := func() {
+		live := h.current().cfg
+		for _, w := range watched {
+			rt := h.current().comp.routeOf(w.s.Identity, w.s.Node, w.s.Annotations)
+			tenant := ""
+			if !h.current().comp.tenants.Single() {
+				tenant = fmt.Sprintf(" tenant %q", rt.tenant)
+			}
+			fmt.Fprintf(&b, "sink identity=%q node=%q ->%s rules [%s]\n", w.s.Identity, w.s.Node, tenant, rt.sub.Key())
+			// What the shared view holds must equal a fresh computation for the route.
+			fresh := h.store.served(rt)
+			for _, coll := range live.Collections {
+				var lines []string
+				for _, e := range w.colls[coll].Snapshot().Entries {
+					lines = append(lines, fmt.Sprintf("  %s %s %s", short(coll), e.Name, e.Version))
+					if fresh[coll][e.Name] != e.Version {
+						t.Errorf("sink %s: the incrementally kept view has %s %s at %s, a fresh one %q", w.s.Node, coll, e.Name, e.Version, fresh[coll][e.Name])
+					}
+				}
+				if len(lines) != len(fresh[coll]) {
+					t.Errorf("sink %s: view has %d %s, a fresh one %d", w.s.Node, len(lines), coll, len(fresh[coll]))
+				}
+				sort.Strings(lines)
+				for _, l := range lines {
+					b.WriteString(l + "\n")
+				}
+			}
+		}
+	}
+
 	type stream struct {
 		s      *Session
 		closed bool
 	}
 	sessions := map[string]*stream{}
 	lifecycle := false
+	// report writes what a push was answered: its ACK, or its NACK with every rejection.
+	report := func(i int, p goldenPush, err error) {
+		fmt.Fprintf(&b, "push %d %s %s: ", i, p.Cluster, short(p.Collection))
+		if err == nil {
+			b.WriteString("ACK\n")
+			return
+		}
+		nack, _ := status.FromError(err)
+		fmt.Fprintf(&b, "NACK %s\n", nack.Code())
+		rejections := mcp.Rejections(nack.Proto())
+		if len(rejections) == 0 {
+			fmt.Fprintf(&b, "  %s\n", nack.Message())
+			checkNoLeak(t, h, p.Cluster, nack.Message())
+		}
+		for _, r := range rejections {
+			fmt.Fprintf(&b, "  %s: %s\n", r.Resource, r.Reason)
+			checkNoLeak(t, h, p.Cluster, r.Reason)
+		}
+	}
 	for i, p := range steps {
 		switch {
 		case p.Reload != "":
@@ -176,6 +236,7 @@ func runGolden(t *testing.T, path string) {
 			}
 			next, err := ParseConfig([]byte(text))
 			var res ReloadResult
+			tenanted := !h.current().comp.tenants.Single()
 			if err == nil {
 				res, err = h.Reload(next)
 			}
@@ -183,8 +244,25 @@ func runGolden(t *testing.T, path string) {
 				fmt.Fprintf(&b, "reload %s refused: %v\n", p.Reload, err)
 				continue
 			}
-			fmt.Fprintf(&b, "reload %s: %d refused, %d ingest and %d sink streams closed\n", p.Reload, res.Refused, res.ClosedIngest, res.ClosedSinks)
+			fmt.Fprintf(&b, "reload %s: %d refused, %d ingest and %d sink streams closed", p.Reload, res.Refused, res.ClosedIngest, res.ClosedSinks)
+			if tenanted || !h.current().comp.tenants.Single() {
+				// Which views a reload recomputes and which sinks it closes is part of the
+				// isolation of tenants: a tenant whose sight did not change keeps its views
+				// and its streams as they are.
+				fmt.Fprintf(&b, ", %d views recomputed", res.Views)
+				var closed []string
+				for _, w := range watched {
+					if w.closed {
+						closed = append(closed, w.s.Node)
+					}
+				}
+				if len(closed) > 0 {
+					fmt.Fprintf(&b, " (closed: %s)", strings.Join(closed, ", "))
+				}
+			}
+			b.WriteString("\n")
 			for _, c := range h.Conflicts() {
+				checkConflictTenant(t, h, c)
 				fmt.Fprintf(&b, "  conflict %s %s: %s wins over %s (%s)\n", short(c.Collection), c.Name, c.Winner, strings.Join(c.Losers, ","), c.Why)
 			}
 			for _, w := range watched {
@@ -199,6 +277,10 @@ func runGolden(t *testing.T, path string) {
 					delete(sessions, c)
 				}
 			}
+			continue
+		case p.Show:
+			b.WriteString("show:\n")
+			showSinks()
 			continue
 		case p.Disconnect != "":
 			lifecycle = true
@@ -249,6 +331,10 @@ func runGolden(t *testing.T, path string) {
 			c.Entries = append(c.Entries, e)
 			c.Resources = append(c.Resources, res)
 		}
+		if p.Direct {
+			report(i, p, h.Apply(p.Cluster, c))
+			continue
+		}
 		st := sessions[p.Cluster]
 		if st == nil {
 			s, err := h.OpenSession(p.Cluster, SessionOptions{Node: minionNode})
@@ -260,23 +346,10 @@ func runGolden(t *testing.T, path string) {
 			h.sessionOpened(s, mcp.NewStreamInfo(p.Cluster, nil, func() { st.closed = true }))
 			sessions[p.Cluster] = st
 		}
-		err := h.apply(st.s, c)
-		fmt.Fprintf(&b, "push %d %s %s: ", i, p.Cluster, short(p.Collection))
-		if err == nil {
-			b.WriteString("ACK\n")
-			continue
-		}
-		nack, _ := status.FromError(err)
-		fmt.Fprintf(&b, "NACK %s\n", nack.Code())
-		rejections := mcp.Rejections(nack.Proto())
-		if len(rejections) == 0 {
-			fmt.Fprintf(&b, "  %s\n", nack.Message())
-		}
-		for _, r := range rejections {
-			fmt.Fprintf(&b, "  %s: %s\n", r.Resource, r.Reason)
-		}
+		report(i, p, h.apply(st.s, c))
 	}
 	for _, c := range h.Conflicts() {
+		checkConflictTenant(t, h, c)
 		fmt.Fprintf(&b, "conflict %s %s: %s wins over %s (%s)\n", short(c.Collection), c.Name, c.Winner, strings.Join(c.Losers, ","), c.Why)
 	}
 	if lifecycle {
@@ -291,34 +364,41 @@ func runGolden(t *testing.T, path string) {
 			fmt.Fprintf(&b, "cluster %s: connected=%v synced=%v resources=%d refused=%d\n", c.Name, c.Connected, c.Synced, n, refused)
 		}
 	}
-	live := h.current().cfg
-	for _, w := range watched {
-		rt := h.current().comp.routeOf(w.s.Identity, w.s.Node, w.s.Annotations)
-		tenant := ""
-		if !h.current().comp.tenants.Single() {
-			tenant = fmt.Sprintf(" tenant %q", rt.tenant)
+	showSinks()
+	check(t, path, f, b.String())
+}
+
+// checkNoLeak fails the test if reason, told to cluster, names (as reasons do, quoted) a
+// cluster of another tenant: a tenant learns nothing of another's clusters from a refusal.
+func checkNoLeak(t *testing.T, h *Hub, cluster, reason string) {
+	t.Helper()
+	set := h.current().comp.tenants
+	if set.Single() {
+		return
+	}
+	own := set.OfCluster(cluster)
+	for _, other := range set.Names() {
+		if other == own {
+			continue
 		}
-		fmt.Fprintf(&b, "sink identity=%q node=%q ->%s rules [%s]\n", w.s.Identity, w.s.Node, tenant, rt.sub.Key())
-		// What the shared view holds must equal a fresh computation for the route.
-		fresh := h.store.served(rt)
-		for _, coll := range live.Collections {
-			var lines []string
-			for _, e := range w.colls[coll].Snapshot().Entries {
-				lines = append(lines, fmt.Sprintf("  %s %s %s", short(coll), e.Name, e.Version))
-				if fresh[coll][e.Name] != e.Version {
-					t.Errorf("sink %s: the incrementally kept view has %s %s at %s, a fresh one %q", w.s.Node, coll, e.Name, e.Version, fresh[coll][e.Name])
-				}
-			}
-			if len(lines) != len(fresh[coll]) {
-				t.Errorf("sink %s: view has %d %s, a fresh one %d", w.s.Node, len(lines), coll, len(fresh[coll]))
-			}
-			sort.Strings(lines)
-			for _, l := range lines {
-				b.WriteString(l + "\n")
+		for _, c := range set.Clusters(other) {
+			if strings.Contains(reason, fmt.Sprintf("%q", c)) {
+				t.Errorf("a reason told to cluster %q (tenant %q) names cluster %q of tenant %q: %s", cluster, own, c, other, reason)
 			}
 		}
 	}
-	check(t, path, f, b.String())
+}
+
+// checkConflictTenant fails the test if a conflict is between clusters of two tenants: their
+// claims never overlap, so one tenant's object never competes with another's.
+func checkConflictTenant(t *testing.T, h *Hub, c api.Conflict) {
+	t.Helper()
+	set := h.current().comp.tenants
+	for _, l := range c.Losers {
+		if a, b := set.OfCluster(c.Winner), set.OfCluster(l); a != b {
+			t.Errorf("conflict %s %s between tenants: %s (%q) wins over %s (%q)", short(c.Collection), c.Name, c.Winner, a, l, b)
+		}
+	}
 }
 
 func short(collection string) string { return collection[strings.LastIndex(collection, "/")+1:] }
