@@ -298,20 +298,27 @@ func checkTenantClaims(groups []tenantGroup) error {
 }
 
 // TenantLimits bound what one tenant's peers may take from the hub, all of them together, so
-// that one tenant's load does not slow another's (the clusters' quotas bound each cluster).
+// that one tenant's load does not slow another's (the clusters' quotas bound each cluster;
+// tenant_limits.go enforces these). The hub's tenantLimits also bound the peers of no
+// tenant, all together. In a configuration without tenants they do not apply: there is no
+// other tenant to keep apart from. A field at 0 bounds nothing.
 type TenantLimits struct {
-	// MaxStreams is how many streams its peers (its minions, relays and sinks) may keep
-	// open at once; one more is refused with ResourceExhausted. 0: no cap.
+	// MaxStreams is how many streams its peers (its minions' pushes, their relays, its
+	// sinks, on every listener) may keep open at once; one more is refused with
+	// ResourceExhausted (tenant_too_many_streams).
 	MaxStreams int `json:"maxStreams,omitempty"`
 	// StreamsPerSecond and StreamBurst bound how fast its peers open streams, all together;
-	// faster ones are refused with ResourceExhausted (rate_limited).
+	// faster ones are refused with ResourceExhausted (tenant_rate_limited) and told when to
+	// retry.
 	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
 	StreamBurst      int     `json:"streamBurst,omitempty"`
 	// PushesPerSecond and PushBurst bound how fast its clusters' pushes are applied, all
-	// together; faster pushes wait on their stream, like a cluster's own quota.
+	// together; faster pushes wait on their stream, like a cluster's own quota
+	// (meshfed_tenant_pushes_delayed_total).
 	PushesPerSecond float64 `json:"pushesPerSecond,omitempty"`
 	PushBurst       int     `json:"pushBurst,omitempty"`
-	// MaxObjects and MaxBytes bound what its clusters hold, all together (as served).
+	// MaxObjects and MaxBytes bound what its clusters hold, all together (as served); an
+	// object over either is refused at ingest, naming the tenant's bound.
 	MaxObjects int   `json:"maxObjects,omitempty"`
 	MaxBytes   int64 `json:"maxBytes,omitempty"`
 }
