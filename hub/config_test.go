@@ -136,9 +136,10 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("insecure: true\nclusters: [{name: a, identities: [a], namespaces: ['team-*'], hosts: ['*.a.com']}]\n"))
 	f.Add([]byte("clusters: [{name: a}]\nrouting: {rules: [{name: r, labels: 'a in (b)'}]}\n"))
 	f.Add([]byte("insecure: true\nclusters: [{name: a, identities: [a]}]\nreplicas: {name: r1, gossip: '0.0.0.0:7946', seeds: ['h:7946'], profile: local, probeInterval: 200ms}\n"))
+	f.Add([]byte("insecure: true\ntenants: [{name: t, sinks: ['s-*'], clusters: [{name: a, identities: [a]}]}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
-		if err == nil && len(cfg.Clusters) == 0 {
+		if err == nil && len(cfg.allClusters()) == 0 {
 			t.Fatal("accepted a configuration without clusters")
 		}
 	})
