@@ -46,27 +46,31 @@ func (h *Hub) why(v viewer, collection, name string) api.Why {
 		}
 		cs.mu.Unlock()
 	}
-	if r, ok := h.store.winner(collection, name); ok && v.sees(r) {
-		for _, s := range h.sinks.list(v.comp) {
-			if !v.seesRoute(s.route) || !s.route.includes(collection, r.cluster, r.namespace, r.labels) {
-				continue
+	for _, s := range h.sinks.list(v.comp) {
+		if !v.seesRoute(s.route) {
+			continue
+		}
+		// What its tenant is served of the name (each tenant's own copy, should two
+		// tenants' ever both be stored), if its rules include it.
+		r := h.store.pick(s.route.tenant, collection, name)
+		if r == nil || !s.route.sub.Includes(collection, r.cluster, r.namespace, r.labels) {
+			continue
+		}
+		ws := api.WhySink{Stream: s.Stream, Protocol: s.Protocol, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
+		if c := s.Collections[collection]; c != nil && !c.Pending {
+			ws.UpToDate = c.AckedVersion == c.PushedVersion && c.AckedVersion > 0
+			if c.LastNACK != "" && c.NACKedVersion == c.PushedVersion {
+				ws.NACK = c.LastNACK
 			}
-			ws := api.WhySink{Stream: s.Stream, Protocol: s.Protocol, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
-			if c := s.Collections[collection]; c != nil && !c.Pending {
-				ws.UpToDate = c.AckedVersion == c.PushedVersion && c.AckedVersion > 0
-				if c.LastNACK != "" && c.NACKedVersion == c.PushedVersion {
-					ws.NACK = c.LastNACK
-				}
+		}
+		w.Sinks = append(w.Sinks, ws)
+		for _, d := range s.Downstream {
+			rs := api.WhySink{Protocol: d.Protocol, NodeID: d.NodeID, BehindRelay: s.Stream}
+			if c := d.Collections[collection]; c != nil {
+				rs.UpToDate = ws.UpToDate && c.Acked == c.Pushed && c.Acked > 0 && c.NACK == ""
+				rs.NACK = c.NACK
 			}
-			w.Sinks = append(w.Sinks, ws)
-			for _, d := range s.Downstream {
-				rs := api.WhySink{Protocol: d.Protocol, NodeID: d.NodeID, BehindRelay: s.Stream}
-				if c := d.Collections[collection]; c != nil {
-					rs.UpToDate = ws.UpToDate && c.Acked == c.Pushed && c.Acked > 0 && c.NACK == ""
-					rs.NACK = c.NACK
-				}
-				w.Sinks = append(w.Sinks, rs)
-			}
+			w.Sinks = append(w.Sinks, rs)
 		}
 	}
 	return w

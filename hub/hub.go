@@ -118,7 +118,7 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 	if cfg.Persist || layerChanged != nil {
 		changed = h.stateChanged // otherwise nothing keeps what clusters sent beyond the store
 	}
-	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, log, h.metrics, changed)
+	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, comp.tenants, log, h.metrics, changed)
 	for _, c := range cfg.allClusters() {
 		h.addClusterLocked(c.Name)
 	}

@@ -113,20 +113,25 @@ func (s *store) dropCandidateLocked(r *resource) {
 	}
 }
 
-// winnerLocked returns the served resource for collection/name, or nil.
-func (s *store) winnerLocked(collection, name string) *resource {
-	if c := s.index[collection][name]; len(c) > 0 {
-		return c[0]
+// pickLocked returns the candidate for collection/name that tenant's sinks are served: the
+// first, in the conflict policy's order, of those the tenant sees (its own clusters', or
+// exported to it), or nil. Claims of two tenants never overlap, so this is the winner,
+// but for a copy a breaker holds after a reload moved its ownership to another tenant:
+// each tenant is then served its own.
+func (s *store) pickLocked(tenant, collection, name string) *resource {
+	for _, r := range s.index[collection][name] {
+		if s.tenants.Sees(tenant, r.cluster, r.collection, r.namespace, r.labels) {
+			return r
+		}
 	}
 	return nil
 }
 
-// winner returns the served resource for collection/name, if any.
-func (s *store) winner(collection, name string) (*resource, bool) {
+// pick is pickLocked under the lock.
+func (s *store) pick(tenant, collection, name string) *resource {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w := s.winnerLocked(collection, name)
-	return w, w != nil
+	return s.pickLocked(tenant, collection, name)
 }
 
 // setPolicy re-orders every candidate list under p and serves the new winners.
@@ -146,63 +151,86 @@ func (s *store) setPolicy(p ConflictPolicy) {
 				touched[name] = true
 			}
 		}
-		s.publishLocked(coll, touched)
+		s.publishLocked(coll, touched, "")
 	}
 }
 
-// conflicts lists every name held by more than one cluster whose winner v sees (claims of
-// two tenants never overlap, so a conflict is within one tenant).
+// conflicts lists every name held by more than one cluster of a tenant v sees (its own, or
+// every tenant for the vendor), with the copy that tenant's sinks are served. Claims of two
+// tenants never overlap, so candidates of two tenants (a copy a breaker holds after a
+// reload moved ownership) are no conflict: each tenant is served its own.
 func (s *store) conflicts(v viewer) []api.Conflict {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []api.Conflict
 	for coll, idx := range s.index {
-		for n, c := range idx {
-			if len(c) < 2 || !v.ownsCluster(c[0].cluster) {
+		for n, all := range idx {
+			if len(all) < 2 {
 				continue
 			}
-			cf := api.Conflict{Collection: coll, Name: n, Winner: c[0].cluster, Why: s.policy.why(c[0])}
-			for _, l := range c[1:] {
-				cf.Losers = append(cf.Losers, l.cluster)
+			byTenant := map[string][]*resource{}
+			for _, r := range all {
+				if t := s.tenants.OfCluster(r.cluster); v.isVendor() || t == v.tenant {
+					byTenant[t] = append(byTenant[t], r)
+				}
 			}
-			out = append(out, cf)
+			for _, c := range byTenant {
+				if len(c) < 2 {
+					continue
+				}
+				cf := api.Conflict{Collection: coll, Name: n, Winner: c[0].cluster, Why: s.policy.why(c[0])}
+				for _, l := range c[1:] {
+					cf.Losers = append(cf.Losers, l.cluster)
+				}
+				out = append(out, cf)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Collection != out[j].Collection {
 			return out[i].Collection < out[j].Collection
 		}
-		return out[i].Name < out[j].Name
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Winner < out[j].Winner
 	})
 	return out
 }
 
-// candidates returns every cluster's resource for collection/name that v sees, the served
-// one first (each held one saying why it is held) and, when there are several, the rule
-// that picked the served one. A served copy v does not see is not named.
+// candidates returns every cluster's resource for collection/name that v sees, each served
+// one (its tenant's pick) before those its tenant holds, each held one saying why, and,
+// when several are candidates for one tenant, the rule that picked the served one.
 func (s *store) candidates(v viewer, collection, name string) (out []api.Candidate, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cands := s.index[collection][name]
-	if len(cands) > 1 && v.sees(cands[0]) {
-		why = s.policy.why(cands[0])
-	}
-	for i, r := range cands {
+	for _, r := range s.index[collection][name] {
 		if !v.sees(r) {
 			continue
 		}
-		c := api.Candidate{Cluster: r.cluster, Version: r.served.Version, Served: i == 0}
+		// The copy served to the sinks of r's tenant, or of v's for a copy exported to it.
+		tenant := s.tenants.OfCluster(r.cluster)
+		if !v.isVendor() {
+			tenant = v.tenant
+		}
+		served := s.pickLocked(tenant, collection, name)
+		c := api.Candidate{Cluster: r.cluster, Version: r.served.Version, Served: served == r}
 		if !r.created.IsZero() {
 			t := r.created
 			c.Created = &t
 		}
 		switch {
-		case i > 0 && v.sees(cands[0]):
-			c.HeldBecause = s.policy.explain(cands[0], r)
-		case i > 0:
+		case served == r:
+		case served != nil && v.sees(served):
+			c.HeldBecause = s.policy.explain(served, r)
+			if why == "" {
+				why = s.policy.why(served)
+			}
+		default:
 			c.HeldBecause = "another copy, not shared with your tenant, is served"
 		}
 		out = append(out, c)
 	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Served && !out[j].Served })
 	return out, why
 }

@@ -73,12 +73,6 @@ func (r route) key() string { return r.tenant + "/" + r.sub.Key() }
 
 func (r route) wantsCollection(collection string) bool { return r.sub.WantsCollection(collection) }
 
-// includes reports whether a resource of cluster is in the route: its tenant sees it and
-// its subset includes it.
-func (r route) includes(collection, cluster, namespace string, lbls map[string]string) bool {
-	return r.tenants.Sees(r.tenant, cluster, collection, namespace, lbls) && r.sub.Includes(collection, cluster, namespace, lbls)
-}
-
 // noRoutes selects nothing: the routing of a sink that is no tenant's.
 var noRoutes, _ = routing.New(routing.Config{}, routing.Options{})
 

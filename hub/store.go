@@ -14,6 +14,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -96,7 +97,12 @@ type store struct {
 	index map[string]map[string][]*resource
 	// conflicting counts the collection/names held by more than one cluster.
 	conflicting int
-	views       map[string]*view // subset key -> view
+	// views: tenant -> route key -> view; a write visits only the views of the tenants
+	// that may see the writing cluster (publishLocked).
+	views  map[string]map[string]*view
+	nviews int
+	// tenants is the tenancy the views are kept under (reroute replaces it).
+	tenants *tenancy.Set
 	// usage is what each tenant's clusters hold, all candidates (a bound on what its sinks
 	// receive of its own clusters).
 	usage map[string]*tenantUsage
@@ -108,10 +114,10 @@ type store struct {
 	load     *tenantLoad
 }
 
-func newStore(collections []string, policy ConflictPolicy, log *slog.Logger, m *Metrics,
+func newStore(collections []string, policy ConflictPolicy, tenants *tenancy.Set, log *slog.Logger, m *Metrics,
 	changed func(cluster, collection string, put []*mcp.Entry, removed []string)) *store {
-	return &store{log: log, collections: collections, policy: policy, metrics: m, changed: changed,
-		clusters: map[string]*clusterData{}, index: map[string]map[string][]*resource{}, views: map[string]*view{},
+	return &store{log: log, collections: collections, policy: policy, tenants: tenants, metrics: m, changed: changed,
+		clusters: map[string]*clusterData{}, index: map[string]map[string][]*resource{}, views: map[string]map[string]*view{},
 		usage: map[string]*tenantUsage{}, gate: newFairGate(), load: newTenantLoad()}
 }
 
@@ -142,7 +148,7 @@ func (s *store) removeCluster(d *clusterData) {
 			s.countLocked(d, r, -1)
 			touched[n] = true
 		}
-		s.publishLocked(coll, touched)
+		s.publishLocked(coll, touched, d.name)
 	}
 	d.colls = nil
 }
@@ -244,12 +250,15 @@ func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 			putReceived = append(putReceived, r.received)
 		}
 	}
-	s.publishLocked(collection, touched)
+	s.publishLocked(collection, touched, d.name)
 	s.changedLocked(d.name, collection, putReceived, removed)
+	tenant := s.tenants.OfCluster(d.name)
 	for _, r := range w.put {
 		if h := have[r.name]; h != nil {
-			if c := s.index[collection][r.name]; len(c) > 1 && c[0] != h {
-				res.lost = append(res.lost, api.Conflict{Collection: collection, Name: r.name, Winner: c[0].cluster, Losers: []string{d.name}, Why: s.policy.why(c[0])})
+			// Lost to the copy its own tenant's sinks are served: a copy of another tenant
+			// (one a breaker holds after ownership moved) is not this cluster's to know of.
+			if w := s.pickLocked(tenant, collection, r.name); w != nil && w != h {
+				res.lost = append(res.lost, api.Conflict{Collection: collection, Name: r.name, Winner: w.cluster, Losers: []string{d.name}, Why: s.policy.why(w)})
 			}
 		}
 	}
@@ -319,7 +328,7 @@ func (s *store) deleteHeldLocked(d *clusterData, names map[string][]string) map[
 	for coll, ns := range names {
 		touched := map[string]bool{}
 		removed := s.dropLocked(d, coll, ns, touched)
-		s.publishLocked(coll, touched)
+		s.publishLocked(coll, touched, d.name)
 		s.changedLocked(d.name, coll, nil, removed)
 		if len(touched) > 0 {
 			out[coll] = len(touched)
@@ -486,7 +495,7 @@ func (s *store) recheck(check func(*resource) error, guard func(cluster string) 
 		}
 	}
 	for coll, t := range touched {
-		s.publishLocked(coll, t)
+		s.publishLocked(coll, t, "")
 	}
 	return out, verdicts
 }

@@ -18,19 +18,37 @@ type view struct {
 	refs  int // open watches
 }
 
-// publishLocked brings every view up to date for the touched names of collection.
-func (s *store) publishLocked(collection string, touched map[string]bool) {
+// publishLocked brings the views up to date for the touched names of collection: with from
+// (the writing cluster), the views of the tenants that may see it, its own and those its
+// tenant exports to; with "" (a change of several clusters, or of the conflict order),
+// every view. O(touched names × those views).
+func (s *store) publishLocked(collection string, touched map[string]bool, from string) {
 	if len(touched) == 0 {
 		return
 	}
-	for _, v := range s.views {
+	if from == "" {
+		for tenant := range s.views {
+			s.publishToLocked(tenant, collection, touched)
+		}
+		return
+	}
+	own := s.tenants.OfCluster(from)
+	s.publishToLocked(own, collection, touched)
+	for _, t := range s.tenants.Receivers(own) {
+		s.publishToLocked(t, collection, touched)
+	}
+}
+
+// publishToLocked brings tenant's views up to date for the touched names of collection.
+func (s *store) publishToLocked(tenant, collection string, touched map[string]bool) {
+	for _, v := range s.views[tenant] {
 		if !v.route.wantsCollection(collection) {
 			continue
 		}
 		var put []*mcp.Entry
 		var remove []string
 		for n := range touched {
-			if w := s.winnerLocked(collection, n); w != nil && v.route.includes(collection, w.cluster, w.namespace, w.labels) {
+			if w := s.pickLocked(tenant, collection, n); w != nil && v.route.sub.Includes(collection, w.cluster, w.namespace, w.labels) {
 				put = append(put, w.served)
 			} else {
 				remove = append(remove, n)
@@ -47,8 +65,8 @@ func (s *store) includedLocked(rt route, collection string) map[string]*mcp.Entr
 	if !rt.wantsCollection(collection) {
 		return out
 	}
-	for n, cands := range s.index[collection] {
-		if w := cands[0]; rt.includes(collection, w.cluster, w.namespace, w.labels) {
+	for n := range s.index[collection] {
+		if w := s.pickLocked(rt.tenant, collection, n); w != nil && rt.sub.Includes(collection, w.cluster, w.namespace, w.labels) {
 			out[n] = w.served
 		}
 	}
@@ -61,7 +79,7 @@ func (s *store) watch(rt route) (*mcp.Cache, func()) {
 	key := rt.key()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v := s.views[key]
+	v := s.views[rt.tenant][key]
 	if v == nil {
 		v = &view{route: rt, cache: mcp.NewCache(s.collections...)}
 		for _, coll := range s.collections {
@@ -75,8 +93,12 @@ func (s *store) watch(rt route) (*mcp.Cache, func()) {
 			}
 			v.cache.Put(coll, put...)
 		}
-		s.views[key] = v
-		s.metrics.views(len(s.views))
+		if s.views[rt.tenant] == nil {
+			s.views[rt.tenant] = map[string]*view{}
+		}
+		s.views[rt.tenant][key] = v
+		s.nviews++
+		s.metrics.views(s.nviews)
 	}
 	v.refs++
 	var once sync.Once
@@ -84,9 +106,13 @@ func (s *store) watch(rt route) (*mcp.Cache, func()) {
 		once.Do(func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if v.refs--; v.refs == 0 && s.views[key] == v {
-				delete(s.views, key)
-				s.metrics.views(len(s.views))
+			if v.refs--; v.refs == 0 && s.views[rt.tenant][key] == v {
+				delete(s.views[rt.tenant], key)
+				if len(s.views[rt.tenant]) == 0 {
+					delete(s.views, rt.tenant)
+				}
+				s.nviews--
+				s.metrics.views(s.nviews)
 			}
 		})
 	}
@@ -99,7 +125,8 @@ func (s *store) served(rt route) map[string]map[string]string {
 }
 
 // servedWith is served where only resources allow accepts count (a candidate ownership):
-// for each name the first allowed candidate, in the current policy's order, is served.
+// for each name the first allowed candidate the route's tenant sees, in the current
+// policy's order, is served.
 func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,10 +136,10 @@ func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[
 		if rt.wantsCollection(coll) {
 			for n, cands := range s.index[coll] {
 				for _, w := range cands {
-					if allow != nil && !allow(w) {
+					if allow != nil && !allow(w) || !rt.tenants.Sees(rt.tenant, w.cluster, w.collection, w.namespace, w.labels) {
 						continue
 					}
-					if rt.includes(coll, w.cluster, w.namespace, w.labels) {
+					if rt.sub.Includes(coll, w.cluster, w.namespace, w.labels) {
 						m[n] = w.served.Version
 					}
 					break
@@ -132,40 +159,48 @@ func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[
 func (s *store) reroute(comp *compiled, affected func(tenant string) bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.tenants = comp.tenants
 	recomputed := 0
-	for key, v := range s.views {
-		rt, ok := comp.routeByKey(key)
-		if !ok {
-			continue
-		}
-		v.route = rt
-		if !affected(rt.tenant) {
-			continue
-		}
-		recomputed++
-		for _, coll := range s.collections {
-			want := s.includedLocked(rt, coll)
-			var put []*mcp.Entry
-			var remove []string
-			have := map[string]bool{}
-			for _, e := range v.cache.Entries(coll) {
-				have[e.Name] = true
-				if w, ok := want[e.Name]; !ok {
-					remove = append(remove, e.Name)
-				} else if w.Version != e.Version {
-					put = append(put, w)
-				}
+	for _, views := range s.views {
+		for key, v := range views {
+			rt, ok := comp.routeByKey(key)
+			if !ok {
+				continue
 			}
-			for n, e := range want {
-				if !have[n] {
-					put = append(put, e)
-				}
-			}
-			if len(put) > 0 || len(remove) > 0 {
-				sort.Strings(remove)
-				v.cache.Update(coll, put, remove)
+			v.route = rt
+			if affected(rt.tenant) {
+				recomputed++
+				s.recomputeLocked(v)
 			}
 		}
 	}
 	return recomputed
+}
+
+// recomputeLocked brings v to what its route includes now, pushing only the difference.
+func (s *store) recomputeLocked(v *view) {
+	rt := v.route
+	for _, coll := range s.collections {
+		want := s.includedLocked(rt, coll)
+		var put []*mcp.Entry
+		var remove []string
+		have := map[string]bool{}
+		for _, e := range v.cache.Entries(coll) {
+			have[e.Name] = true
+			if w, ok := want[e.Name]; !ok {
+				remove = append(remove, e.Name)
+			} else if w.Version != e.Version {
+				put = append(put, w)
+			}
+		}
+		for n, e := range want {
+			if !have[n] {
+				put = append(put, e)
+			}
+		}
+		if len(put) > 0 || len(remove) > 0 {
+			sort.Strings(remove)
+			v.cache.Update(coll, put, remove)
+		}
+	}
 }

@@ -74,9 +74,10 @@ type Set struct {
 }
 
 type tenant struct {
-	spec     Tenant
-	sinks    []prefixPattern
-	incoming []*export // exports to this tenant
+	spec      Tenant
+	sinks     []prefixPattern
+	incoming  []*export // exports to this tenant
+	receivers []string  // the tenants its exports go to, sorted, once each
 }
 
 type export struct {
@@ -235,10 +236,16 @@ func New(field string, tenants []Tenant) (*Set, error) {
 					return nil, fmt.Errorf("%s.to[%d]: %q is the exporting tenant itself", f, k, to)
 				}
 				dst.incoming = append(dst.incoming, x)
+				if !slices.Contains(t.receivers, to) {
+					t.receivers = append(t.receivers, to)
+				}
 			}
 		}
 	}
 	sort.Slice(s.tenants, func(i, j int) bool { return s.tenants[i].spec.Name < s.tenants[j].spec.Name })
+	for _, t := range s.tenants {
+		sort.Strings(t.receivers)
+	}
 	return s, nil
 }
 
@@ -313,6 +320,15 @@ func (s *Set) OfOperator(name string) string {
 		return t.spec.Name
 	}
 	return ""
+}
+
+// Receivers returns the tenants tenant exports to (they may see some of its clusters'
+// objects), sorted.
+func (s *Set) Receivers(tenant string) []string {
+	if t := s.byName[tenant]; t != nil {
+		return t.receivers
+	}
+	return nil
 }
 
 // Sees reports whether tenant may see an object of cluster: one of its own clusters', or
