@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -58,9 +59,10 @@ type TenantsConfig struct {
 	Gap time.Duration
 	// ALimits override the hub's tenantLimits for A (nil: the hub's defaults, as for B).
 	ALimits *hub.TenantLimits
-	// WarmUp bounds the wait, at the start of each noisy block, for A's pushes to settle at
-	// A's limit (the burst its bucket saved while idle spent). A block whose A is still
-	// faster after it is measured anyway and counted in TenantsResult.Unpaced. Default 10s.
+	// WarmUp bounds the wait, at the start of each noisy block, for A's pushes and the
+	// loop's admitted streams to settle at A's limits (the bursts its buckets saved while
+	// idle spent). A block whose A is still faster after it is measured anyway and counted
+	// in TenantsResult.Unpaced. Default 10s.
 	WarmUp time.Duration
 }
 
@@ -83,8 +85,9 @@ type TenantDeliveries struct {
 type TenantsResult struct {
 	Idle, Noisy TenantDeliveries
 	// APushLimit is the rate A's pushes should settle at: A's pushesPerSecond, or its
-	// clusters' quotas together when those are lower.
-	APushLimit float64
+	// clusters' quotas together when those are lower. AStreamLimit is A's streamsPerSecond,
+	// the rate the loop's streams should be admitted at once A's burst is spent.
+	APushLimit, AStreamLimit float64
 	// APushesPerSec is the rate of A's pushes the hub applied, all its clusters together;
 	// AChangesPerPush how many of A's changes one push carried, on average.
 	APushesPerSec, AChangesPerPush float64
@@ -94,8 +97,9 @@ type TenantsResult struct {
 	LoopRefused                    map[string]int64
 	// NoisySeconds is the time B was measured under A's noise.
 	NoisySeconds float64
-	// Unpaced is how many noisy blocks started with A still above APushLimit after the
-	// warm-up (see TenantsConfig.WarmUp).
+	// Unpaced is how many noisy blocks started with A's pushes still above APushLimit, or
+	// the loop's streams still admitted above AStreamLimit, after the warm-up (see
+	// TenantsConfig.WarmUp).
 	Unpaced int
 }
 
@@ -132,10 +136,16 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 	perBlock := max(cfg.Changes/cfg.Rounds, 1)
 	defaults := hub.Defaults()
 	aLimits := defaults.TenantLimits
-	if l := cfg.ALimits; l != nil && l.PushesPerSecond != 0 {
-		aLimits.PushesPerSecond = l.PushesPerSecond
+	if l := cfg.ALimits; l != nil {
+		if l.PushesPerSecond != 0 {
+			aLimits.PushesPerSecond = l.PushesPerSecond
+		}
+		if l.StreamsPerSecond != 0 {
+			aLimits.StreamsPerSecond = l.StreamsPerSecond
+		}
 	}
 	res.APushLimit = min(aLimits.PushesPerSecond, float64(cfg.AClusters)*defaults.Quotas.PushesPerSecond)
+	res.AStreamLimit = aLimits.StreamsPerSecond
 
 	var b *benchHub
 	var err error
@@ -154,8 +164,12 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 				n := aCluster(i)
 				a.Clusters = append(a.Clusters, hub.ClusterConfig{Name: n, Identities: []string{n}, Namespaces: []string{n}})
 			}
+			// B's cluster changes about every Gap, faster than a cluster's default quota
+			// (20/s) lets it for long: its own quota is lifted, so that only A can slow it
+			// (B's tenant limits stay the defaults, far above what B does).
 			bt := hub.TenantConfig{Name: tenantB, Sinks: []string{sinkB + "*"}, Routing: all,
-				Clusters: []hub.ClusterConfig{{Name: bCluster, Identities: []string{bCluster}, Namespaces: []string{bCluster}}}}
+				Clusters: []hub.ClusterConfig{{Name: bCluster, Identities: []string{bCluster}, Namespaces: []string{bCluster},
+					Quotas: &hub.QuotaConfig{PushesPerSecond: 1e6, PushBurst: 1e6}}}}
 			c.Tenants = []hub.TenantConfig{a, bt}
 		})
 	})
@@ -302,10 +316,10 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 				go func() { defer wg.Done(); last[i] = flood(i, stop) }()
 			}
 		})
-		lp.start()
-		// Warm up: A spends what its bucket saved while it was idle before B is measured,
-		// so that B meets A at its limit.
-		paced := waitPacedBy(aAcks, res.APushLimit, cfg.WarmUp)
+		labelled("a-loop", lp.start)
+		// Warm up: A spends what its buckets saved while it was idle before B is measured,
+		// so that B meets A at its limits.
+		paced := waitPacedBy(cfg.WarmUp, pace{aAcks, res.APushLimit}, pace{lp.admitted, res.AStreamLimit})
 		if !paced {
 			res.Unpaced++
 		}
@@ -354,23 +368,32 @@ func sum(xs []int) int {
 	return n
 }
 
-// waitPacedBy waits until acks grows at about rate a second: two windows in a row in
-// which it grew by no more than 1.5 times the rate. It gives up after bound, and says
-// whether the rate was reached.
-func waitPacedBy(acks func() int64, rate float64, bound time.Duration) bool {
+// pace is a counter that should grow at about rate a second.
+type pace struct {
+	count func() int64
+	rate  float64
+}
+
+// waitPacedBy waits until every counter grows at about its rate: two windows in a row in
+// which each grew by no more than 1.5 times its rate. It gives up after bound, and says
+// whether the rates were reached.
+func waitPacedBy(bound time.Duration, paces ...pace) bool {
 	const window = 100 * time.Millisecond
-	limit := int64(rate*window.Seconds()*1.5) + 1
 	calm := 0
+	before := make([]int64, len(paces))
 	for deadline := time.Now().Add(bound); calm < 2; {
 		if time.Now().After(deadline) {
 			return false
 		}
-		before := acks()
+		for i, p := range paces {
+			before[i] = p.count()
+		}
 		time.Sleep(window)
-		if acks()-before <= limit {
-			calm++
-		} else {
-			calm = 0
+		calm++
+		for i, p := range paces {
+			if p.count()-before[i] > int64(p.rate*window.Seconds()*1.5)+1 {
+				calm = 0
+			}
 		}
 	}
 	return true
@@ -508,7 +531,7 @@ func newStreamLoop(addr string, workers, identities int) (*streamLoop, error) {
 
 func (l *streamLoop) start() {
 	l.stopped = make(chan struct{})
-	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	codecOpt := grpc.ForceCodecV2(discardCodec{proto: encoding.GetCodecV2("proto")})
 	for _, cc := range l.conns {
 		l.wg.Add(1)
 		go func() {
@@ -540,16 +563,41 @@ func (l *streamLoop) start() {
 // else the code it was refused with.
 func (l *streamLoop) once(ctx context.Context, cc *grpc.ClientConn, codecOpt grpc.CallOption) (bool, string) {
 	st, err := cc.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
-	if err == nil {
-		err = st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, Incremental: true})
+	if err != nil {
+		return false, status.Code(err).String()
 	}
-	if err == nil {
-		var f rawMsg
-		if err = st.RecvMsg(&f); err == nil {
-			return true, ""
-		}
+	// A refused stream may be over before the subscription is sent (SendMsg's io.EOF):
+	// RecvMsg has the status either way.
+	_ = st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, Incremental: true})
+	if err = st.RecvMsg(&discarded{}); err == nil {
+		return true, ""
 	}
 	return false, status.Code(err).String()
+}
+
+// discardCodec receives a discarded without reading it: the loop only needs to know that a
+// push arrived, and keeping each admitted stream's first push (A's whole view) would make
+// the loop's garbage, in this process, a cost of the hub's.
+type discardCodec struct{ proto encoding.CodecV2 }
+
+type discarded struct{}
+
+func (c discardCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+
+func (c discardCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if _, ok := v.(*discarded); ok {
+		return nil
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+func (discardCodec) Name() string { return "proto" }
+
+// admitted is how many of the loop's streams the hub admitted so far.
+func (l *streamLoop) admitted() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c.admitted
 }
 
 func (l *streamLoop) counts() loopCounts {

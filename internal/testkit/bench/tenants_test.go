@@ -13,7 +13,7 @@ func TestNoisyTenantRuns(t *testing.T) {
 	defer stopsItsGoroutines(t)()
 	r, err := NoisyTenant(TenantsConfig{AClusters: 2, ASinks: 5, LoopWorkers: 1, LoopIdentities: 3, BSinks: 3,
 		Changes: 8, Rounds: 2, Resources: 5, Size: 64, Gap: time.Millisecond,
-		ALimits: &hub.TenantLimits{PushesPerSecond: 200, PushBurst: 5, StreamsPerSecond: 50, StreamBurst: 5}, WarmUp: 2 * time.Second})
+		ALimits: &hub.TenantLimits{PushesPerSecond: 200, PushBurst: 5, StreamsPerSecond: 50, StreamBurst: 20}, WarmUp: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
