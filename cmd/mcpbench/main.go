@@ -52,6 +52,7 @@ func main() {
 	flag.IntVar(&tenants.aSinks, "tenants-a-sinks", 1000, "tenant A's sinks that never ACK in the noisy-tenant row")
 	flag.IntVar(&tenants.loopWorkers, "tenants-loop-workers", 2, "goroutines opening streams as A's sinks in a tight loop (a connection each)")
 	flag.IntVar(&tenants.loopIdentities, "tenants-loop-identities", 1000, "sink identities of A the loop takes in turn (1: one, which the per-peer limit alone refuses)")
+	flag.Float64Var(&tenants.loopRate, "tenants-loop-rate", 0, "cap on the streams the loop opens per second (0: as fast as it can)")
 	flag.IntVar(&tenants.bSinks, "tenants-b-sinks", 10, "tenant B's sinks, each timing every change of B")
 	flag.IntVar(&tenants.changes, "tenants-changes", 1000, "tenant B's changes measured per condition (A idle, A noisy)")
 	flag.IntVar(&tenants.rounds, "tenants-rounds", 10, "rounds alternating A idle and A noisy")
@@ -144,6 +145,7 @@ type safetyFlags struct {
 // tenantFlags size the noisy-tenant row.
 type tenantFlags struct {
 	aClusters, aSinks, loopWorkers, loopIdentities, bSinks, changes, rounds int
+	loopRate                                                                float64
 }
 
 func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, safety safetyFlags, tenants tenantFlags) {
@@ -258,7 +260,7 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 			r.StalledLateMiB-r.StalledEarlyMiB, r.AckingLateMiB-r.AckingEarlyMiB, cfg.Changes-cfg.Early, cfg.Resources)
 	}
 	if rows["tenants"] {
-		cfg := bench.TenantsConfig{AClusters: tenants.aClusters, ASinks: tenants.aSinks, LoopWorkers: tenants.loopWorkers, LoopIdentities: tenants.loopIdentities,
+		cfg := bench.TenantsConfig{AClusters: tenants.aClusters, ASinks: tenants.aSinks, LoopWorkers: tenants.loopWorkers, LoopIdentities: tenants.loopIdentities, LoopRate: tenants.loopRate,
 			BSinks: tenants.bSinks, Changes: tenants.changes, Rounds: tenants.rounds, Resources: 100, Size: size, Gap: 20 * time.Millisecond}
 		r, err := bench.NoisyTenant(cfg)
 		if err != nil {
@@ -270,10 +272,14 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 			unpaced = fmt.Sprintf(" (NOT PACED at its limit in %d of %d rounds)", r.Unpaced, cfg.Rounds)
 		}
 		l := hub.Defaults().TenantLimits
-		fmt.Fprintf(w, "tenant B -> %d sinks p99, tenant A noisy (its limits: %.0f pushes/s, %.0f streams/s)\t%v\t%v\t%.2f\ttarget <= 1.20; baseline: A idle, same run (%d rounds alternating); max %v vs %v; A: %d clusters pushing %.1f/s%s, %.2f changes/push; %d sinks never ACK; loop (%d workers, %d identities): %.0f streams/s opened, %.1f/s admitted, refused %v; over %.1f s; process CPU %.2f vs %.2f cores, heap %.0f vs %.0f MiB\t\n",
+		loop := fmt.Sprintf("%d workers, %d identities", cfg.LoopWorkers, cfg.LoopIdentities)
+		if cfg.LoopRate > 0 {
+			loop += fmt.Sprintf(", at most %.0f/s", cfg.LoopRate)
+		}
+		fmt.Fprintf(w, "tenant B -> %d sinks p99, tenant A noisy (its limits: %.0f pushes/s, %.0f streams/s)\t%v\t%v\t%.2f\ttarget <= 1.20; baseline: A idle, same run (%d rounds alternating); max %v vs %v; A: %d clusters pushing %.1f/s%s, %.2f changes/push; %d sinks never ACK; loop (%s): %.0f streams/s opened, %.1f/s admitted, refused %v; over %.1f s; process CPU %.2f vs %.2f cores, heap %.0f vs %.0f MiB\t\n",
 			cfg.BSinks, l.PushesPerSecond, l.StreamsPerSecond, us(r.Noisy.P99), us(r.Idle.P99), float64(r.Noisy.P99)/float64(r.Idle.P99),
 			cfg.Rounds, us(r.Noisy.Max), us(r.Idle.Max), cfg.AClusters, r.APushesPerSec, unpaced, r.AChangesPerPush, cfg.ASinks,
-			cfg.LoopWorkers, cfg.LoopIdentities, r.LoopPerSec, r.LoopAdmittedPerSec, r.LoopRefused, r.NoisySeconds, r.Noisy.Cores, r.Idle.Cores, r.Noisy.HeapMiB, r.Idle.HeapMiB)
+			loop, r.LoopPerSec, r.LoopAdmittedPerSec, r.LoopRefused, r.NoisySeconds, r.Noisy.Cores, r.Idle.Cores, r.Noisy.HeapMiB, r.Idle.HeapMiB)
 		fmt.Fprintf(w, "tenant B -> %d sinks p50, tenant A noisy\t%v\t%v\t%.2f\t%d changes of B x %d sinks per condition, %v apart\t\n",
 			cfg.BSinks, us(r.Noisy.P50), us(r.Idle.P50), float64(r.Noisy.P50)/float64(r.Idle.P50), r.Idle.N/cfg.BSinks, cfg.BSinks, cfg.Gap)
 		fmt.Fprintf(w, "tenant B push -> hub ACK p99, tenant A noisy\t%v\t%v\t%.2f\tB's ingest (ACL, store, merge, view) as its source sees it; p50 %v vs %v\t\n",

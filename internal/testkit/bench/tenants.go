@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
@@ -47,6 +48,9 @@ type TenantsConfig struct {
 	// fleet has many, and with one the hub's per-peer limit refuses the loop before the
 	// tenant's limit has anything to do.
 	LoopWorkers, LoopIdentities int
+	// LoopRate caps the streams the loop opens per second, all workers together (0: as
+	// fast as it can): how much of a refusal storm the hub takes within the target.
+	LoopRate float64
 	// BSinks follow tenant B's one cluster and ACK every push at once; each of B's changes
 	// is timed at each of them.
 	BSinks int
@@ -231,7 +235,7 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 		return res, fmt.Errorf("B's sinks: %w", err)
 	}
 	var lp *streamLoop
-	labelled("a-loop", func() { lp, err = newStreamLoop(b.serve, cfg.LoopWorkers, cfg.LoopIdentities) })
+	labelled("a-loop", func() { lp, err = newStreamLoop(b.serve, cfg.LoopWorkers, cfg.LoopIdentities, cfg.LoopRate) })
 	if err != nil {
 		return res, err
 	}
@@ -480,12 +484,13 @@ func startSinksAs(addr string, n int, marks string, report byte, stall func(i in
 type streamLoop struct {
 	conns      []*grpc.ClientConn
 	identities int
+	rate       float64      // streams per second, all workers together; 0: no cap
 	next       atomic.Int64 // the next identity's number
 
-	mu      sync.Mutex
-	c       loopCounts
-	stopped chan struct{} // closed to stop the running workers
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	c      loopCounts
+	cancel func() // stops the running workers
+	wg     sync.WaitGroup
 }
 
 // loopCounts are the loop's streams: opened, admitted, and refused by gRPC code.
@@ -516,8 +521,8 @@ func (c loopCounts) add(o loopCounts) loopCounts {
 }
 
 // newStreamLoop dials the loop's connections; the workers run between start and stop.
-func newStreamLoop(addr string, workers, identities int) (*streamLoop, error) {
-	l := &streamLoop{identities: identities, c: loopCounts{refused: map[string]int64{}}}
+func newStreamLoop(addr string, workers, identities int, perSecond float64) (*streamLoop, error) {
+	l := &streamLoop{identities: identities, rate: perSecond, c: loopCounts{refused: map[string]int64{}}}
 	for range workers {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -530,22 +535,28 @@ func newStreamLoop(addr string, workers, identities int) (*streamLoop, error) {
 }
 
 func (l *streamLoop) start() {
-	l.stopped = make(chan struct{})
+	run, stop := context.WithCancel(context.Background())
+	l.cancel = stop
+	var pace *rate.Limiter
+	if l.rate > 0 {
+		pace = rate.NewLimiter(rate.Limit(l.rate), 1)
+	}
 	codecOpt := grpc.ForceCodecV2(discardCodec{proto: encoding.GetCodecV2("proto")})
 	for _, cc := range l.conns {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			for {
-				select {
-				case <-l.stopped:
+			for run.Err() == nil {
+				if pace != nil && pace.Wait(run) != nil {
 					return
-				default:
 				}
 				id := fmt.Sprintf("%sloop-%05d", sinkA, l.next.Add(1)%int64(l.identities))
-				ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), hub.DevIdentityHeader, id))
+				ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(run, hub.DevIdentityHeader, id))
 				admitted, code := l.once(ctx, cc, codecOpt)
 				cancel()
+				if run.Err() != nil { // stopped mid-stream: neither admitted nor refused
+					return
+				}
 				l.mu.Lock()
 				l.c.opened++
 				if admitted {
@@ -607,7 +618,7 @@ func (l *streamLoop) counts() loopCounts {
 }
 
 func (l *streamLoop) stop() {
-	close(l.stopped)
+	l.cancel()
 	l.wg.Wait()
 }
 
