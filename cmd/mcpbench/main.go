@@ -50,7 +50,8 @@ func main() {
 	var tenants tenantFlags
 	flag.IntVar(&tenants.aClusters, "tenants-a-clusters", 10, "tenant A's clusters in the noisy-tenant row, each flooding at its own quota")
 	flag.IntVar(&tenants.aSinks, "tenants-a-sinks", 1000, "tenant A's sinks that never ACK in the noisy-tenant row")
-	flag.IntVar(&tenants.loopWorkers, "tenants-loop-workers", 2, "goroutines opening streams as A's sinks in a tight loop (a connection each)")
+	flag.IntVar(&tenants.loopWorkers, "tenants-loop-workers", 2, "goroutines opening streams as A's sinks in a tight loop: the most streams it has in flight")
+	flag.IntVar(&tenants.loopConns, "tenants-loop-conns", 2, "connections the loop's workers share")
 	flag.IntVar(&tenants.loopIdentities, "tenants-loop-identities", 1000, "sink identities of A the loop takes in turn (1: one, which the per-peer limit alone refuses)")
 	flag.Float64Var(&tenants.loopRate, "tenants-loop-rate", 0, "cap on the streams the loop opens per second (0: as fast as it can)")
 	flag.IntVar(&tenants.bSinks, "tenants-b-sinks", 10, "tenant B's sinks, each timing every change of B")
@@ -144,8 +145,8 @@ type safetyFlags struct {
 
 // tenantFlags size the noisy-tenant row.
 type tenantFlags struct {
-	aClusters, aSinks, loopWorkers, loopIdentities, bSinks, changes, rounds int
-	loopRate                                                                float64
+	aClusters, aSinks, loopWorkers, loopConns, loopIdentities, bSinks, changes, rounds int
+	loopRate                                                                           float64
 }
 
 func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, safety safetyFlags, tenants tenantFlags) {
@@ -260,7 +261,7 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 			r.StalledLateMiB-r.StalledEarlyMiB, r.AckingLateMiB-r.AckingEarlyMiB, cfg.Changes-cfg.Early, cfg.Resources)
 	}
 	if rows["tenants"] {
-		cfg := bench.TenantsConfig{AClusters: tenants.aClusters, ASinks: tenants.aSinks, LoopWorkers: tenants.loopWorkers, LoopIdentities: tenants.loopIdentities, LoopRate: tenants.loopRate,
+		cfg := bench.TenantsConfig{AClusters: tenants.aClusters, ASinks: tenants.aSinks, LoopWorkers: tenants.loopWorkers, LoopConns: tenants.loopConns, LoopIdentities: tenants.loopIdentities, LoopRate: tenants.loopRate,
 			BSinks: tenants.bSinks, Changes: tenants.changes, Rounds: tenants.rounds, Resources: 100, Size: size, Gap: 20 * time.Millisecond}
 		r, err := bench.NoisyTenant(cfg)
 		if err != nil {
@@ -272,7 +273,7 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 			unpaced = fmt.Sprintf(" (NOT PACED at its limit in %d of %d rounds)", r.Unpaced, cfg.Rounds)
 		}
 		l := hub.Defaults().TenantLimits
-		loop := fmt.Sprintf("%d workers, %d identities", cfg.LoopWorkers, cfg.LoopIdentities)
+		loop := fmt.Sprintf("%d workers on %d connections, %d identities", cfg.LoopWorkers, min(cfg.LoopConns, cfg.LoopWorkers), cfg.LoopIdentities)
 		if cfg.LoopRate > 0 {
 			loop += fmt.Sprintf(", at most %.0f/s", cfg.LoopRate)
 		}

@@ -42,12 +42,14 @@ type TenantsConfig struct {
 	// ASinks subscribe as A's sinks, each with its own identity, receive their first push
 	// and then neither read nor ACK again.
 	ASinks int
-	// LoopWorkers open streams as A's sinks in a tight loop while A is noisy, each on a
-	// connection of its own: subscribe, wait for the first push or the refusal, close,
-	// again. LoopIdentities is how many sink identities of A they take in turn: a tenant's
-	// fleet has many, and with one the hub's per-peer limit refuses the loop before the
-	// tenant's limit has anything to do.
-	LoopWorkers, LoopIdentities int
+	// LoopWorkers open streams as A's sinks in a tight loop while A is noisy, sharing
+	// LoopConns connections (default: one each, at most 2): subscribe, wait for the first
+	// push or the refusal, close, again. So LoopWorkers is the most streams the loop has in
+	// flight: a hub that answers a refusal late slows a few workers, not many.
+	// LoopIdentities is how many sink identities of A they take in turn: a tenant's fleet
+	// has many, and with one the hub's per-peer limit refuses the loop before the tenant's
+	// limit has anything to do.
+	LoopWorkers, LoopConns, LoopIdentities int
 	// LoopRate caps the streams the loop opens per second, all workers together (0: as
 	// fast as it can): how much of a refusal storm the hub takes within the target.
 	LoopRate float64
@@ -96,9 +98,11 @@ type TenantsResult struct {
 	// AChangesPerPush how many of A's changes one push carried, on average.
 	APushesPerSec, AChangesPerPush float64
 	// Loop: the streams the loop opened per second, those the hub admitted (the first push
-	// arrived) per second, and the refusals by gRPC code.
+	// arrived) per second, and the refusals by gRPC code, while B was measured; LoopStreams
+	// is every stream it opened, warm-ups included.
 	LoopPerSec, LoopAdmittedPerSec float64
 	LoopRefused                    map[string]int64
+	LoopStreams                    int64
 	// NoisySeconds is the time B was measured under A's noise.
 	NoisySeconds float64
 	// Unpaced is how many noisy blocks started with A's pushes still above APushLimit, or
@@ -235,7 +239,12 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 		return res, fmt.Errorf("B's sinks: %w", err)
 	}
 	var lp *streamLoop
-	labelled("a-loop", func() { lp, err = newStreamLoop(b.serve, cfg.LoopWorkers, cfg.LoopIdentities, cfg.LoopRate) })
+	if cfg.LoopConns <= 0 {
+		cfg.LoopConns = min(cfg.LoopWorkers, 2)
+	}
+	labelled("a-loop", func() {
+		lp, err = newStreamLoop(b.serve, cfg.LoopWorkers, min(cfg.LoopConns, cfg.LoopWorkers), cfg.LoopIdentities, cfg.LoopRate)
+	})
 	if err != nil {
 		return res, err
 	}
@@ -361,6 +370,7 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 	res.LoopPerSec = float64(loopN.opened) / noisyTime.Seconds()
 	res.LoopAdmittedPerSec = float64(loopN.admitted) / noisyTime.Seconds()
 	res.LoopRefused = loopN.refused
+	res.LoopStreams = lp.counts().opened
 	return res, nil
 }
 
@@ -478,11 +488,12 @@ func startSinksAs(addr string, n int, marks string, report byte, stall func(i in
 	return s, nil
 }
 
-// streamLoop opens streams as A's sinks in a tight loop while started: each worker, on a
-// connection of its own, subscribes, waits for the first push (the hub admitted the
+// streamLoop opens streams as A's sinks in a tight loop while started: each worker, on one
+// of the loop's connections, subscribes, waits for the first push (the hub admitted the
 // stream) or the refusal, closes the stream and starts over, taking the next identity.
 type streamLoop struct {
 	conns      []*grpc.ClientConn
+	workers    int
 	identities int
 	rate       float64      // streams per second, all workers together; 0: no cap
 	next       atomic.Int64 // the next identity's number
@@ -493,7 +504,8 @@ type streamLoop struct {
 	wg     sync.WaitGroup
 }
 
-// loopCounts are the loop's streams: opened, admitted, and refused by gRPC code.
+// loopCounts are the loop's streams: opened (as the worker opens it), admitted, and
+// refused by gRPC code (as the answer arrives).
 type loopCounts struct {
 	opened, admitted int64
 	refused          map[string]int64
@@ -521,9 +533,9 @@ func (c loopCounts) add(o loopCounts) loopCounts {
 }
 
 // newStreamLoop dials the loop's connections; the workers run between start and stop.
-func newStreamLoop(addr string, workers, identities int, perSecond float64) (*streamLoop, error) {
-	l := &streamLoop{identities: identities, rate: perSecond, c: loopCounts{refused: map[string]int64{}}}
-	for range workers {
+func newStreamLoop(addr string, workers, conns, identities int, perSecond float64) (*streamLoop, error) {
+	l := &streamLoop{workers: workers, identities: identities, rate: perSecond, c: loopCounts{refused: map[string]int64{}}}
+	for range conns {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			l.close()
@@ -542,7 +554,8 @@ func (l *streamLoop) start() {
 		pace = rate.NewLimiter(rate.Limit(l.rate), 1)
 	}
 	codecOpt := grpc.ForceCodecV2(discardCodec{proto: encoding.GetCodecV2("proto")})
-	for _, cc := range l.conns {
+	for w := range l.workers {
+		cc := l.conns[w%len(l.conns)]
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
@@ -552,13 +565,15 @@ func (l *streamLoop) start() {
 				}
 				id := fmt.Sprintf("%sloop-%05d", sinkA, l.next.Add(1)%int64(l.identities))
 				ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(run, hub.DevIdentityHeader, id))
+				l.mu.Lock()
+				l.c.opened++
+				l.mu.Unlock()
 				admitted, code := l.once(ctx, cc, codecOpt)
 				cancel()
 				if run.Err() != nil { // stopped mid-stream: neither admitted nor refused
 					return
 				}
 				l.mu.Lock()
-				l.c.opened++
 				if admitted {
 					l.c.admitted++
 				} else {
