@@ -110,6 +110,9 @@ routing: {default: {name: all}}
 		t.Fatal(err)
 	}
 	cfg.StateDir = t.TempDir()
+	// Refusals answered at once: the tests loop on them by the thousand, to see them counted
+	// and logged (TestRefusalsWaitOutTheDelay, in mcp, tests the delay).
+	cfg.Limits.RefusalDelay = Duration{}
 	h, err = New(cfg, log, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -184,7 +184,9 @@ func Defaults() *Config {
 		// minion one push and one relay stream, an istiod one), but every istiod of a
 		// deployment may share one sink identity and a lost stream stays open until
 		// keepalive notices: 64 leaves room for both. Every peer speaks at once.
-		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second)},
+		// A refusal answered at once lets a looping peer make thousands a second; answered
+		// after a second, each of its loops makes one (make bench, noisy-tenant row).
+		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(time.Second)},
 		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
 		// seconds covers a source pushing each of its collections in turn.
@@ -241,6 +243,11 @@ type LimitsConfig struct {
 	// first message is awaited: a subscribed sink may then be quiet for as long as nothing
 	// changes. 0: none.
 	IdleTimeout Duration `json:"idleTimeout,omitempty"`
+	// RefusalDelay is how long a stream refused for exceeding a limit (a peer's or its
+	// tenant's rate or cap) waits for its answer: a peer opening streams in a tight loop
+	// then waits instead of spinning, and its refusals cost neither it nor the hub the CPU
+	// other peers need. 0: answered at once.
+	RefusalDelay Duration `json:"refusalDelay,omitempty"`
 }
 
 // DialSink is a sink the hub dials.
@@ -565,6 +572,9 @@ func (c *Config) compile() (*compiled, error) {
 		return nil, fmt.Errorf("limits.maxStreamsPerPeer: %d is negative (0 is no cap)", c.Limits.MaxStreamsPerPeer)
 	}
 	if err := c.Limits.IdleTimeout.Check("limits.idleTimeout"); err != nil {
+		return nil, err
+	}
+	if err := c.Limits.RefusalDelay.Check("limits.refusalDelay"); err != nil {
 		return nil, err
 	}
 	if err := c.Backoff.Check("backoff"); err != nil {

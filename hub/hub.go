@@ -443,12 +443,16 @@ func (h *Hub) runDialers(ctx context.Context, g *errgroup.Group) {
 func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.ServerConfig {
 	l := h.cfg.Limits
 	sc := mcp.ServerConfig{Authenticate: auth, Ready: h.readyToServe, Logger: h.log, Metrics: h.mcpMetrics,
-		StreamRate: l.StreamsPerSecond, StreamBurst: l.StreamBurst, MaxStreamsPerPeer: l.MaxStreamsPerPeer, IdleTimeout: l.IdleTimeout.Duration}
+		StreamRate: l.StreamsPerSecond, StreamBurst: l.StreamBurst, MaxStreamsPerPeer: l.MaxStreamsPerPeer, IdleTimeout: l.IdleTimeout.Duration,
+		RefusalDelay: l.RefusalDelay.Duration}
 	if sc.MaxStreamsPerPeer == 0 {
 		sc.MaxStreamsPerPeer = -1 // the configuration's 0 is no cap; the engine's is its default
 	}
 	if sc.IdleTimeout == 0 {
 		sc.IdleTimeout = -1
+	}
+	if sc.RefusalDelay == 0 {
+		sc.RefusalDelay = -1 // answered at once
 	}
 	sc.Groups = h.streamGroups() // one for every listener: a tenant's limits span them all
 	return sc

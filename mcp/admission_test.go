@@ -171,7 +171,7 @@ func TestNotReadyTightLoopIsCalm(t *testing.T) {
 			ready := func() (time.Duration, string, bool) {
 				return 3 * time.Second, "warming up: waiting for cluster east", false
 			}
-			addr, adm := k.start(t, NewCache(vs), ServerConfig{Logger: slog.New(logs), Metrics: reg.m,
+			addr, adm := k.start(t, NewCache(vs), ServerConfig{RefusalDelay: -1, Logger: slog.New(logs), Metrics: reg.m,
 				Authenticate: identityFromMetadata, Ready: ready, StreamRate: 5, StreamBurst: burst})
 			var clock atomic.Pointer[time.Time]
 			now := time.Unix(1e9, 0)
@@ -233,7 +233,7 @@ func retryDelay(s *status.Status) time.Duration {
 func TestAuthenticationRefusalReasons(t *testing.T) {
 	k := serverKinds()[2] // MCP over xDS: each kind admits through the same code
 	reg := newTestMetrics(t)
-	addr, _ := k.start(t, NewCache(vs), ServerConfig{Logger: testLogger(t), Metrics: reg.m,
+	addr, _ := k.start(t, NewCache(vs), ServerConfig{RefusalDelay: -1, Logger: testLogger(t), Metrics: reg.m,
 		Authenticate: func(ctx context.Context) (string, error) {
 			id, err := identityFromMetadata(ctx)
 			if err == nil && id != "sink" {
@@ -271,7 +271,7 @@ func TestStreamsPerPeerCap(t *testing.T) {
 			reg := newTestMetrics(t)
 			c := NewCache(vs)
 			c.Put(vs, entry(t, "ns/a", "0"))
-			addr, _ := k.start(t, c, ServerConfig{Logger: testLogger(t), Metrics: reg.m, Authenticate: identityFromMetadata,
+			addr, _ := k.start(t, c, ServerConfig{RefusalDelay: -1, Logger: testLogger(t), Metrics: reg.m, Authenticate: identityFromMetadata,
 				StreamRate: 1e6, StreamBurst: 1e6, MaxStreamsPerPeer: max})
 			cc := dial(t, addr)
 			// hold opens a stream that stays open until the test ends, once admitted.
@@ -329,7 +329,7 @@ func TestIdleStreamClosed(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			reg := newTestMetrics(t)
 			logs := &logCapture{}
-			addr, _ := k.start(t, NewCache(vs), ServerConfig{Logger: slog.New(logs), Metrics: reg.m, Authenticate: identityFromMetadata,
+			addr, _ := k.start(t, NewCache(vs), ServerConfig{RefusalDelay: -1, Logger: slog.New(logs), Metrics: reg.m, Authenticate: identityFromMetadata,
 				IdleTimeout: 100 * time.Millisecond, MaxStreamsPerPeer: 1})
 			cc := dial(t, addr)
 			// The speaking stream opens first: it would idle first.
@@ -376,7 +376,7 @@ func roleOf(k serverKind) string {
 func TestIdleTimeoutRacesFirstMessage(t *testing.T) {
 	k := serverKinds()[0]
 	reg := newTestMetrics(t)
-	addr, _ := k.start(t, NewCache(vs), ServerConfig{Logger: discardLogger(), Metrics: reg.m, Authenticate: identityFromMetadata,
+	addr, _ := k.start(t, NewCache(vs), ServerConfig{RefusalDelay: -1, Logger: discardLogger(), Metrics: reg.m, Authenticate: identityFromMetadata,
 		StreamRate: 1e6, StreamBurst: 1e6, IdleTimeout: time.Millisecond})
 	cc := dial(t, addr)
 	idled := 0
@@ -392,5 +392,41 @@ func TestIdleTimeoutRacesFirstMessage(t *testing.T) {
 	}
 	if n := reg.counter(t, "meshfed_mcp_streams_rejected_total", "reason", rejectIdle); int(n) != idled {
 		t.Errorf("%v counted idle, %d seen idle", n, idled)
+	}
+}
+
+// A stream refused for exceeding a limit is answered only after RefusalDelay: a peer
+// looping on refusals waits instead of spinning (a client that gives up first sees its own
+// deadline, not the refusal). Once MaxHeldRefusals are waiting, a refusal is answered at
+// once.
+func TestRefusalsWaitOutTheDelay(t *testing.T) {
+	for _, k := range serverKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			c := NewCache(vs)
+			c.Put(vs, entry(t, "ns/a", "0"))
+			addr, adm := k.start(t, c, ServerConfig{Logger: testLogger(t), Authenticate: identityFromMetadata,
+				StreamRate: 1e-9, StreamBurst: 1, RefusalDelay: time.Hour, MaxHeldRefusals: 1})
+			cc := dial(t, addr)
+			if err := k.openOnce(cc, "a"); err != nil { // its burst
+				t.Fatalf("a's first stream: %v", err)
+			}
+			// a's next stream is over its rate: held for an hour, so its client gives up
+			// first (a cancel, not a deadline: gRPC would tell the server the deadline).
+			ctx, cancel := context.WithCancel(context.Background())
+			defer time.AfterFunc(300*time.Millisecond, cancel).Stop()
+			if err := k.open(ctx, cc, "a", false); status.Code(err) != codes.Canceled {
+				t.Fatalf("a stream over the rate: %v, want it held until its client gave up", err)
+			}
+			waitUntil(t, "the server to see the client give up", func() bool { return len(adm.held) == 0 })
+			// Hold one (until the test ends); the next refusal is then answered at once.
+			ctx2, cancel2 := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = k.open(ctx2, cc, "a", false) }()
+			t.Cleanup(func() { cancel2(); <-done })
+			waitUntil(t, "a refusal held", func() bool { return len(adm.held) == 1 })
+			if err := k.openOnce(cc, "a"); status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("a refusal while the holding place is taken: %v, want ResourceExhausted at once", err)
+			}
+		})
 	}
 }

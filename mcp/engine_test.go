@@ -266,7 +266,7 @@ func TestServerAdmission(t *testing.T) {
 	c := NewCache(vs)
 	src := newTestSource(t, c)
 	addr := serve(t, func(s *grpc.Server) {
-		NewSourceServer(src, ServerConfig{Logger: testLogger(t), StreamRate: 0.001, StreamBurst: 3, Metrics: reg.m}).Register(s)
+		NewSourceServer(src, ServerConfig{RefusalDelay: -1, Logger: testLogger(t), StreamRate: 0.001, StreamBurst: 3, Metrics: reg.m}).Register(s)
 	})
 	cc := dial(t, addr)
 	open := func() error {

@@ -59,7 +59,7 @@ func TestGroupMaxStreamsSpansServersAndPeers(t *testing.T) {
 			}
 			return GroupLimits{}
 		})})
-	cfg := ServerConfig{Logger: testLogger(t), Metrics: reg.m, Authenticate: identityFromMetadata, Groups: groups,
+	cfg := ServerConfig{RefusalDelay: -1, Logger: testLogger(t), Metrics: reg.m, Authenticate: identityFromMetadata, Groups: groups,
 		StreamRate: 1e6, StreamBurst: 1e6}
 	c := NewCache(vs)
 	c.Put(vs, entry(t, "ns/a", "0"))
@@ -136,7 +136,7 @@ func TestGroupRateIsSharedByItsPeers(t *testing.T) {
 		Of: groupOf(func(string) GroupLimits { return GroupLimits{StreamsPerSecond: 1, StreamBurst: burst} })})
 	now := time.Unix(1e9, 0)
 	groups.now = func() time.Time { return now } // no refill: the counts are exact
-	cfg := ServerConfig{Logger: slog.New(logs), Metrics: reg.m, Authenticate: identityFromMetadata, Groups: groups}
+	cfg := ServerConfig{RefusalDelay: -1, Logger: slog.New(logs), Metrics: reg.m, Authenticate: identityFromMetadata, Groups: groups}
 	c := NewCache(vs)
 	kinds := serverKinds()
 	srcAddr, _ := kinds[0].start(t, c, cfg)

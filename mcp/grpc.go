@@ -66,6 +66,17 @@ type ServerConfig struct {
 	// subscribed sink may then be quiet for as long as nothing changes: so only the first
 	// message is awaited. Default DefaultIdleTimeout; negative: none.
 	IdleTimeout time.Duration
+	// RefusalDelay is how long a stream refused for exceeding a limit (ResourceExhausted: a
+	// peer's or a group's rate or cap) waits for its answer. A peer that opens streams in
+	// a tight loop, as Istio's sinks do on failure, or as a flood does, then waits instead
+	// of spinning, and neither it nor the server burns CPU on refusals that the limits
+	// were meant to spare: the caps, not the rate of refusals, bound what it costs.
+	// Default DefaultRefusalDelay; negative: answered at once.
+	RefusalDelay time.Duration
+	// MaxHeldRefusals bounds the refused streams waiting out RefusalDelay at once (each
+	// holds a goroutine); beyond it, refusals are answered at once. Default
+	// DefaultMaxHeldRefusals.
+	MaxHeldRefusals int
 	// Unauthenticated marks every stream this server admits as unauthenticated
 	// (StreamInfo.Unauthenticated), for a listener that asks peers for no credentials;
 	// Authenticate still runs (it may refuse) and its identity is ignored.
@@ -94,6 +105,13 @@ const (
 	// DefaultIdleTimeout is ServerConfig.IdleTimeout's default: a peer that has not spoken
 	// within it is not going to.
 	DefaultIdleTimeout = 30 * time.Second
+	// DefaultRefusalDelay is ServerConfig.RefusalDelay's default: a looping peer makes at
+	// most one attempt a second per stream it keeps trying, and a well-behaved one, told
+	// by a RetryInfo when to come back, waits at least that anyway.
+	DefaultRefusalDelay = time.Second
+	// DefaultMaxHeldRefusals is ServerConfig.MaxHeldRefusals's default: a few MB of
+	// goroutine stacks.
+	DefaultMaxHeldRefusals = 1024
 )
 
 // Reasons a stream is refused or closed by admission (meshfed_mcp_streams_rejected_total).
@@ -117,6 +135,7 @@ type admission struct {
 
 	mu   sync.Mutex     // guards open and serializes limiter creation
 	open map[string]int // open streams per peer key; a key is removed at 0
+	held chan struct{}  // a place per refused stream waiting out RefusalDelay
 }
 
 func newAdmission(cfg ServerConfig) *admission {
@@ -132,18 +151,54 @@ func newAdmission(cfg ServerConfig) *admission {
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
+	if cfg.RefusalDelay == 0 {
+		cfg.RefusalDelay = DefaultRefusalDelay
+	}
+	if cfg.MaxHeldRefusals <= 0 {
+		cfg.MaxHeldRefusals = DefaultMaxHeldRefusals
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	limiters, _ := lru.New[string, *rate.Limiter](65536) // only fails for a size <= 0
-	a := &admission{cfg: cfg, now: time.Now, limiters: limiters, open: map[string]int{}}
+	a := &admission{cfg: cfg, now: time.Now, limiters: limiters, open: map[string]int{}, held: make(chan struct{}, cfg.MaxHeldRefusals)}
 	a.logs = lograte.New(lograte.DefaultInterval, func() time.Time { return a.now() })
 	return a
 }
 
 // admit decides on a new stream in the given role. An admitted stream must be ended with
-// its end method when its handler returns.
+// its end method when its handler returns. A stream refused for exceeding a limit gets its
+// answer after RefusalDelay (see hold).
 func (a *admission) admit(st grpc.ServerStream, role string) (*admittedStream, error) {
+	s, err := a.decide(st, role)
+	if err != nil && status.Code(err) == codes.ResourceExhausted {
+		a.hold(st.Context())
+	}
+	return s, err
+}
+
+// hold waits out RefusalDelay, unless the peer goes away first or MaxHeldRefusals are
+// already waiting.
+func (a *admission) hold(ctx context.Context) {
+	if a.cfg.RefusalDelay <= 0 {
+		return
+	}
+	select {
+	case a.held <- struct{}{}:
+	default:
+		return
+	}
+	defer func() { <-a.held }()
+	t := time.NewTimer(a.cfg.RefusalDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// decide authenticates, rate-limits, caps and admits a new stream, or refuses it.
+func (a *admission) decide(st grpc.ServerStream, role string) (*admittedStream, error) {
 	ctx := st.Context()
 	addr := ""
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {

@@ -89,7 +89,7 @@ func TestTightRedialLoopDoesNotHurtOthers(t *testing.T) {
 	c.Put(vs, entry(t, "ns/a", "0"))
 	src := newTestSource(t, c, func(o *SourceOptions) { o.Metrics = reg.m })
 	addr := serve(t, func(s *grpc.Server) {
-		NewSourceServer(src, ServerConfig{Logger: discardLogger(), Metrics: reg.m, Authenticate: identityFromMetadata,
+		NewSourceServer(src, ServerConfig{RefusalDelay: -1, Logger: discardLogger(), Metrics: reg.m, Authenticate: identityFromMetadata,
 			StreamRate: 5, StreamBurst: 5}).Register(s)
 	})
 	// A healthy sink, authenticated as "good".
