@@ -408,6 +408,20 @@ func (c *Config) canonicalCollections() error {
 				r.Collections[j] = k.Collection
 			}
 		}
+		// An export's collections likewise (a prefix ending in "*" is kept as written).
+		for i := range g.Exports {
+			e := &g.Exports[i]
+			for j, p := range e.Collections {
+				if strings.Contains(p, "*") {
+					continue
+				}
+				k, err := table.Resolve(p)
+				if err != nil {
+					return fmt.Errorf("%sexports[%d] (%q).collections[%d]: %w", g.field, i, e.Name, j, err)
+				}
+				e.Collections[j] = k.Collection
+			}
+		}
 	}
 	if len(c.Staleness.Collections) == 0 {
 		return nil

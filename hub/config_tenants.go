@@ -201,7 +201,8 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 // checkExportCollections refuses an export's collection (one without "*") that is not a
 // collection name of the built-in and configured kinds: tenancy compares them with the
 // objects' collections as they are, so any other spelling ("gw", "Gateway") would share
-// nothing, silently.
+// nothing, silently. A file's are resolved to collection names when it is parsed
+// (canonicalCollections); this catches a configuration built otherwise.
 func checkExportCollections(g tenantGroup, table *kinds.Table) error {
 	for i, e := range g.Exports {
 		for j, coll := range e.Collections {

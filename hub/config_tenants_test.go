@@ -179,24 +179,42 @@ func TestExportCollectionsAreCollectionNames(t *testing.T) {
 			"- {name: a, sinks: [a], clusters: [{name: c1, identities: [c1], namespaces: [x]}], exports: [{name: e, to: [b], collections: [" + gw + ", '" + coll + "']}]}\n" +
 			"- {name: b, sinks: [b]}\n"
 	}
-	for _, tc := range []struct{ coll, want string }{
-		{"gw", `tenants[0] ("a").exports[0] ("e").collections[1]: "gw": want the collection name, ` + gw},
-		{"Gateway", `tenants[0] ("a").exports[0] ("e").collections[1]: "Gateway": want the collection name, ` + gw},
-		{"nope", `tenants[0] ("a").exports[0] ("e").collections[1]: unknown collection "nope": known: `},
-		{"istio/networking/v1alpha3/virtualservices", ""},
-		{"istio/*", ""},
+	// A file names collections as users do; parsing stores the collection names.
+	for _, tc := range []struct{ coll, stored, err string }{
+		{coll: "gw", stored: gw},
+		{coll: "Gateway", stored: gw},
+		{coll: "networking.istio.io/v1/Gateway", stored: gw},
+		{coll: "istio/networking/v1alpha3/virtualservices", stored: "istio/networking/v1alpha3/virtualservices"},
+		{coll: "istio/*", stored: "istio/*"},
+		{coll: "nope", err: `tenants[0] ("a").exports[0] ("e").collections[1]: unknown collection "nope": known: `},
 	} {
 		c, err := ParseConfig([]byte(cfg(tc.coll)))
 		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%s: %v", tc.coll, err)
-		case tc.want == "":
-			comp, err := c.compile()
-			if err != nil || !comp.tenants.Sees("b", "c1", gw, "x", nil) || comp.tenants.Sees("b", "c1", "example/widgets", "x", nil) {
-				t.Errorf("%s: b does not see what a exports, or sees more: %v", tc.coll, err)
+		case tc.err != "":
+			if err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want %s", tc.coll, err, tc.err)
 			}
-		case err == nil || !strings.HasPrefix(err.Error(), tc.want):
-			t.Errorf("%s: %v, want %s", tc.coll, err, tc.want)
+			continue
+		case err != nil:
+			t.Errorf("%s: %v", tc.coll, err)
+			continue
 		}
+		if got := c.Tenants[0].Exports[0].Collections[1]; got != tc.stored {
+			t.Errorf("%s: stored as %q, want %q", tc.coll, got, tc.stored)
+		}
+		comp, err := c.compile()
+		if err != nil || !comp.tenants.Sees("b", "c1", gw, "x", nil) || comp.tenants.Sees("b", "c1", "example/widgets", "x", nil) {
+			t.Errorf("%s: b does not see what a exports, or sees more: %v", tc.coll, err)
+		}
+	}
+	// A configuration built otherwise must hold collection names: tenancy compares them as
+	// they are, so "gw" would share nothing, silently.
+	c, err := ParseConfig([]byte(cfg(gw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Tenants[0].Exports[0].Collections[1] = "gw"
+	if err := c.Validate(); err == nil || err.Error() != `tenants[0] ("a").exports[0] ("e").collections[1]: "gw": want the collection name, `+gw {
+		t.Errorf("Validate of an export naming gw: %v", err)
 	}
 }
