@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -89,10 +90,14 @@ type xdsType struct {
 	coll       Collection // nil: answered with an empty state
 	cancel     func()
 
-	sent          bool
-	sentVersion   uint64
-	sentAt        time.Time
-	pendingNonce  string
+	sent         bool
+	sentVersion  uint64
+	sentAt       time.Time
+	pendingNonce string
+	// inFlight mirrors pendingNonce != "" for the watcher's notify: a change while a
+	// response is outstanding does not wake the stream, whose loop looks at every type
+	// after the ACK anyway (see sourceCollection.inFlight).
+	inFlight      atomic.Bool
 	failed        bool
 	failedVersion uint64
 	resend        bool // the client asked again (empty nonce) with nothing outstanding
@@ -225,7 +230,11 @@ func (s *XDSServer) handle(info *StreamInfo, log *slog.Logger, types map[string]
 		types[url] = t
 		if coll, ok := s.resolve(url); ok {
 			t.collection = coll
-			c, cancel, served := s.w.Watch(info, coll, notify)
+			c, cancel, served := s.w.Watch(info, coll, func() {
+				if !t.inFlight.Load() {
+					notify()
+				}
+			})
 			t.cancel = cancel
 			if served {
 				t.coll = c
@@ -261,6 +270,7 @@ func (s *XDSServer) answered(info *StreamInfo, t *xdsType, detail *rpcstatus.Sta
 		ev.Code, ev.Message, ev.Detail = codes.Code(detail.GetCode()), detail.GetMessage(), detail
 	}
 	t.pendingNonce = ""
+	t.inFlight.Store(false)
 	s.adm.cfg.Metrics.sinkAckAs("source", t.collection, ev.Code)
 	s.opts.Hooks.acked(info, ev)
 	return ev
@@ -291,6 +301,7 @@ func (s *XDSServer) push(stream discoverypb.AggregatedDiscoveryService_StreamAgg
 		return err
 	}
 	t.pendingNonce, t.sentAt = nonce, time.Now()
+	t.inFlight.Store(true)
 	s.adm.cfg.Metrics.xdsPushed(t.collection, size)
 	s.opts.Hooks.pushed(info, PushEvent{Collection: t.key(), TypeURL: t.typeURL, Nonce: nonce, Version: v, Resources: resources, Bytes: size})
 	return nil
