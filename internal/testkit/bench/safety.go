@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -155,8 +156,10 @@ type receipt struct {
 }
 
 // startMarkSinks connects n sinks to addr. Sinks in stall receive their first push and then
-// neither read nor ACK again. Receipts are sent for report.
-func startMarkSinks(addr string, n int, marks string, report byte, stall func(i int) bool) (*markSinks, error) {
+// neither read nor ACK again. Receipts are sent for report. With identity, sink i subscribes
+// as identity(i), in the development identity header (so that the hub takes it for a
+// tenant's).
+func startMarkSinks(addr string, n int, marks string, report byte, stall func(i int) bool, identity func(i int) string) (*markSinks, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &markSinks{n: n, highest: map[byte][]atomic.Int64{}, receipts: make(chan receipt, 2*n), first: make(chan struct{}, n), cancel: cancel}
 	for _, m := range []byte(marks) {
@@ -177,7 +180,11 @@ func startMarkSinks(addr string, n int, marks string, report byte, stall func(i 
 			s.conns = append(s.conns, cc)
 		}
 		cc := s.conns[len(s.conns)-1]
-		st, err := cc.NewStream(ctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
+		sctx := ctx
+		if identity != nil {
+			sctx = metadata.AppendToOutgoingContext(ctx, hub.DevIdentityHeader, identity(i))
+		}
+		st, err := cc.NewStream(sctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
 		if err == nil {
 			err = st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, Incremental: true})
 		}
@@ -379,7 +386,7 @@ func NoisyNeighbour(cfg NeighbourConfig) (NeighbourResult, error) {
 	if err := b.waitReady(); err != nil {
 		return res, err
 	}
-	sinks, err := startMarkSinks(b.serve, cfg.Sinks, "AB", 'B', nil)
+	sinks, err := startMarkSinks(b.serve, cfg.Sinks, "AB", 'B', nil, nil)
 	if err != nil {
 		return res, err
 	}
@@ -574,7 +581,7 @@ func stalledRun(cfg StalledConfig, stall bool) (early, late float64, err error) 
 	if err := b.waitReady(); err != nil {
 		return 0, 0, err
 	}
-	sinks, err := startMarkSinks(b.serve, 1, "S", 0, func(int) bool { return stall })
+	sinks, err := startMarkSinks(b.serve, 1, "S", 0, func(int) bool { return stall }, nil)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -219,7 +219,7 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 	}
 	var aSinks, bSinks *markSinks
 	labelled("a-sinks", func() {
-		aSinks, err = startSinksAs(b.serve, cfg.ASinks, "A", 0, func(int) bool { return true }, func(i int) string { return fmt.Sprintf("%s%04d", sinkA, i) })
+		aSinks, err = startMarkSinks(b.serve, cfg.ASinks, "A", 0, func(int) bool { return true }, func(i int) string { return fmt.Sprintf("%s%04d", sinkA, i) })
 	})
 	if err != nil {
 		return res, err
@@ -229,7 +229,7 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 		return res, fmt.Errorf("A's sinks: %w", err)
 	}
 	labelled("b-sinks", func() {
-		bSinks, err = startSinksAs(b.serve, cfg.BSinks, "B", 'B', nil, func(i int) string { return fmt.Sprintf("%s%04d", sinkB, i) })
+		bSinks, err = startMarkSinks(b.serve, cfg.BSinks, "B", 'B', nil, func(i int) string { return fmt.Sprintf("%s%04d", sinkB, i) })
 	})
 	if err != nil {
 		return res, err
@@ -411,81 +411,6 @@ func waitPacedBy(bound time.Duration, paces ...pace) bool {
 		}
 	}
 	return true
-}
-
-// startSinksAs is startMarkSinks with an identity per sink: sink i subscribes as
-// identity(i), in the development identity header, so that the hub takes it for that
-// tenant's.
-func startSinksAs(addr string, n int, marks string, report byte, stall func(i int) bool, identity func(i int) string) (*markSinks, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &markSinks{n: n, highest: map[byte][]atomic.Int64{}, receipts: make(chan receipt, 2*n), first: make(chan struct{}, n), cancel: cancel}
-	for _, m := range []byte(marks) {
-		h := make([]atomic.Int64, n)
-		for i := range h {
-			h[i].Store(-1)
-		}
-		s.highest[m] = h
-	}
-	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
-	for i := range n {
-		if i%100 == 0 {
-			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				s.stop()
-				return nil, err
-			}
-			s.conns = append(s.conns, cc)
-		}
-		cc := s.conns[len(s.conns)-1]
-		sctx := metadata.AppendToOutgoingContext(ctx, hub.DevIdentityHeader, identity(i))
-		st, err := cc.NewStream(sctx, &mcppb.ResourceSource_ServiceDesc.Streams[0], mcppb.ResourceSource_EstablishResourceStream_FullMethodName, codecOpt)
-		if err == nil {
-			err = st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, Incremental: true})
-		}
-		if err != nil {
-			s.stop()
-			return nil, err
-		}
-		stalls := stall != nil && stall(i)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			for first := true; ; first = false {
-				var f rawMsg
-				if err := st.RecvMsg(&f); err != nil {
-					return
-				}
-				at := time.Now()
-				if first {
-					s.first <- struct{}{}
-					if stalls {
-						<-ctx.Done()
-						return
-					}
-				}
-				if err := st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, ResponseNonce: scanNonce(f.b), Incremental: true}); err != nil {
-					return
-				}
-				r := receipt{seq: -1, at: at}
-				for m, h := range s.highest {
-					if seq := maxMark(f.b, m); int64(seq) > h[i].Load() {
-						h[i].Store(int64(seq))
-						if m == report {
-							r.seq = seq
-						}
-					}
-				}
-				if r.seq >= 0 && !first {
-					select {
-					case s.receipts <- r:
-					case <-ctx.Done():
-						return
-					}
-				}
-			}
-		}()
-	}
-	return s, nil
 }
 
 // streamLoop opens streams as A's sinks in a tight loop while started: each worker, on one
