@@ -101,6 +101,12 @@ type Config struct {
 	// of two tenants may not overlap. Absent: clusters, sharedNamespaces and routing are one
 	// implicit tenant (DefaultTenant) every sink belongs to.
 	Tenants []TenantConfig `json:"tenants,omitempty"`
+	// Operators are the names of the vendor's operators (spiffe://<trustDomain>/operator/NAME),
+	// who see and act on every tenant over adminTLS. Set, or with tenants, an operator
+	// named neither here nor in a tenant's operators reads nothing and acts on nothing (an
+	// operator dropped from a tenant, or a tenant removed, loses its access rather than
+	// gaining the vendor's). Unset without tenants: every operator is the vendor's.
+	Operators []string `json:"operators,omitempty"`
 	// TenantLimits bound each tenant's peers, all together (tenants[].limits overrides
 	// them per tenant).
 	TenantLimits TenantLimits `json:"tenantLimits,omitempty"`
@@ -460,6 +466,7 @@ func (c *Config) SPIFFETrustDomain() string {
 // compiled is what a valid Config means: built by compile, never changed after.
 type compiled struct {
 	tenants     *tenancy.Set
+	vendorOps   map[string]bool        // Config.Operators; nil: every operator no tenant names
 	tenant      map[string]*tenantComp // by name: each tenant's ownership and routing
 	identity    map[string]string      // identity -> cluster
 	clusters    map[string]ClusterConfig

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/meshfed/meshfed/hub/acl"
@@ -187,6 +188,20 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 			spec.Clusters = append(spec.Clusters, cl.Name)
 		}
 		specs = append(specs, spec)
+	}
+	if len(c.Operators) > 0 || len(c.Tenants) > 0 {
+		out.vendorOps = map[string]bool{}
+	}
+	for i, op := range c.Operators {
+		if op == "" || strings.ContainsAny(op, "/*") {
+			return fmt.Errorf("operators[%d]: %q: an operator's name (spiffe://<trustDomain>/operator/NAME), without \"/\" or \"*\"", i, op)
+		}
+		for _, t := range c.Tenants {
+			if slices.Contains(t.Operators, op) {
+				return fmt.Errorf("operators[%d]: operator %q is also tenant %q's: the vendor's operators see every tenant", i, op, t.Name)
+			}
+		}
+		out.vendorOps[op] = true
 	}
 	if len(c.Tenants) == 0 {
 		out.tenants = tenancy.Single(DefaultTenant, specs[0].Clusters)

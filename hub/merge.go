@@ -114,12 +114,18 @@ func (s *store) dropCandidateLocked(r *resource) {
 }
 
 // pickLocked returns the candidate for collection/name that tenant's sinks are served: the
-// first, in the conflict policy's order, of those the tenant sees (its own clusters', or
-// exported to it), or nil. Claims of two tenants never overlap, so this is the winner,
-// but for a copy a breaker holds after a reload moved its ownership to another tenant:
-// each tenant is then served its own.
+// first, in the conflict policy's order, of its own clusters', else of those exported to
+// it, or nil. Claims of two tenants never overlap, so this is the winner, but for a copy a
+// breaker holds after a reload moved its ownership to another tenant: each tenant is then
+// served its own, and never the other's stale copy over its own, exported or not.
 func (s *store) pickLocked(tenant, collection, name string) *resource {
-	for _, r := range s.index[collection][name] {
+	cands := s.index[collection][name]
+	for _, r := range cands {
+		if s.tenants.OfCluster(r.cluster) == tenant {
+			return r
+		}
+	}
+	for _, r := range cands {
 		if s.tenants.Sees(tenant, r.cluster, r.collection, r.namespace, r.labels) {
 			return r
 		}

@@ -80,7 +80,7 @@ func (h *Hub) viaAdminTLS(next http.Handler) http.Handler {
 // operator asking for a path that is the vendor's.
 func (h *Hub) readScope(r *http.Request) (viewer, *actionRefusal) {
 	comp := h.current().comp
-	if comp.tenants.Single() {
+	if comp.vendorOps == nil { // no tenants, no operators listed: anyone verified reads
 		return vendor(comp), nil
 	}
 	want := meshtls.ID(comp.trustDomain, meshtls.KindOperator, "NAME")
@@ -96,6 +96,9 @@ func (h *Hub) readScope(r *http.Request) (viewer, *actionRefusal) {
 		return viewer{}, &actionRefusal{http.StatusForbidden, fmt.Sprintf("identity %q is not an operator: with tenants, the admin API over adminTLS answers operators only (%s)", id, want)}
 	}
 	v := viewer{tenant: comp.tenants.OfOperator(name), comp: comp}
+	if v.isVendor() && !comp.vendorOps[name] {
+		return viewer{}, &actionRefusal{http.StatusForbidden, fmt.Sprintf("operator %q is listed neither in operators (the vendor's) nor in a tenant's operators", name)}
+	}
 	if !v.isVendor() && !tenantPath(r.URL.Path) {
 		return viewer{}, &actionRefusal{http.StatusForbidden, fmt.Sprintf("%s is the vendor's: operator %q of tenant %q may read %s, and act on its own clusters", r.URL.Path, name, v.tenant, strings.Join(tenantPaths, ", "))}
 	}

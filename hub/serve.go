@@ -235,7 +235,14 @@ func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (m
 	rt := cur.comp.route(sink)
 	cache, release := r.h.store.watch(rt)
 	coll, cancel, ok := cache.Watch(info, collection, notify)
-	untrack := r.h.watchers.track(info, rt.key())
+	untrack, tracked := r.h.watchers.track(info, rt.key())
+	// A reload between reading the configuration and tracking the stream has not seen it
+	// (rerouted closes what is tracked), and a stream's later collection may be routed
+	// under a newer configuration than its first: either way the stream would hold a view
+	// its sink is no longer given, perhaps another tenant's. It reconnects instead.
+	if now := r.h.current(); tracked != rt.key() || now != cur && now.comp.route(now.comp.streamSink(info)).key() != rt.key() {
+		info.Close()
+	}
 	return coll, func() { cancel(); release(); untrack() }, ok
 }
 
@@ -255,7 +262,9 @@ func newWatchRegistry() *watchRegistry {
 	return &watchRegistry{streams: map[*mcp.StreamInfo]*watched{}}
 }
 
-func (r *watchRegistry) track(info *mcp.StreamInfo, key string) func() {
+// track records that info watches key's view, and returns how to forget it and the key the
+// stream is tracked under (its first watch's).
+func (r *watchRegistry) track(info *mcp.StreamInfo, key string) (func(), string) {
 	r.mu.Lock()
 	w := r.streams[info]
 	if w == nil {
@@ -263,6 +272,7 @@ func (r *watchRegistry) track(info *mcp.StreamInfo, key string) func() {
 		r.streams[info] = w
 	}
 	w.refs++
+	tracked := w.key
 	r.mu.Unlock()
 	var once sync.Once
 	return func() {
@@ -273,7 +283,7 @@ func (r *watchRegistry) track(info *mcp.StreamInfo, key string) func() {
 				delete(r.streams, info)
 			}
 		})
-	}
+	}, tracked
 }
 
 // rerouted closes every stream whose subset under comp differs from the one it watches,

@@ -48,3 +48,21 @@ func TestWarmUpRefusalNamesNoCluster(t *testing.T) {
 		t.Errorf("without tenants the refusal %q no longer names the clusters awaited", why)
 	}
 }
+
+// The vendor's operators are listed: one a tenant also names is refused, and so is a name
+// that is not one.
+func TestVendorOperatorsListed(t *testing.T) {
+	for _, tc := range []struct{ ops, want string }{
+		{"operators: [alice]\n", ""},
+		{"operators: [ann]\n", `operators[0]: operator "ann" is also tenant "acme"'s: the vendor's operators see every tenant`},
+		{"operators: [a/b]\n", `operators[0]: "a/b": an operator's name`},
+	} {
+		_, err := ParseConfig([]byte(strings.Replace(twoTenants, `sinks: ["acme-*"]`, `sinks: ["acme-*"]`+"\n  operators: [ann]", 1) + tc.ops))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.ops, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want %s", tc.ops, err, tc.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -149,6 +150,14 @@ func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[
 		out[coll] = m
 	}
 	return out
+}
+
+// setTenants makes t the tenancy the store answers by (a reload's, before its views are
+// recomputed by reroute).
+func (s *store) setTenants(t *tenancy.Set) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tenants = t
 }
 
 // reroute gives every open view the new definition of its route under comp, and pushes

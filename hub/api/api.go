@@ -283,8 +283,8 @@ type Owners struct {
 	Clusters  []string `json:"clusters"`
 	// Tenant owning it, for the vendor's operators.
 	Tenant string `json:"tenant,omitempty"`
-	// NotYours: asked by a tenant's operator, another tenant owns it; which, and who, is
-	// not theirs to know.
+	// NotYours: asked by a tenant's operator, none of its clusters owns it. Whether another
+	// tenant's does is not theirs to know: the answer is the same when nobody does.
 	NotYours bool `json:"notYours,omitempty"`
 }
 

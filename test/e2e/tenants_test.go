@@ -31,7 +31,8 @@ import (
 // Two tenants on one hub, over real mutual TLS under a trust domain, each with a real minion
 // publishing real files. acme has cluster east (namespace shop), sinks acme-* and operator
 // ann; globex has cluster north (namespaces bank and edge), sinks globex-*, operator gus, and
-// exports its edge namespace to acme. vera is an operator no tenant lists: the vendor's.
+// exports its edge namespace to acme. vera is the vendor's operator (operators); mallory, an
+// operator listed nowhere, gets nothing.
 //
 // globex's routing is written so that a hub routing every sink by every tenant's rules would
 // hand acme's sinks globex's objects: rule fleet selects by node id (globex-*), rule team by
@@ -44,6 +45,7 @@ func TestTenantIsolation(t *testing.T) {
 	cfg.Clusters = nil // with tenants every cluster is a tenant's
 	cfg.AdminTLS = "127.0.0.1:0"
 	cfg.Tenants = twoTenants(true)
+	cfg.Operators = []string{"vera"}
 	h := runHub(t, cfg)
 	ingest, serve, _ := h.Addrs()
 	waitFor(t, 10*time.Second, "adminTLS listening", func() bool { return h.AdminTLSAddr() != "" })
@@ -260,6 +262,9 @@ func TestTenantIsolation(t *testing.T) {
 		for _, c := range []struct{ cert, id string }{
 			{"reader-acme-istiod", hub.SinkIdentity(td, "acme-istiod")},
 			{"reader-east", hub.ClusterIdentity(td, "east")},
+			// An operator listed nowhere: neither the vendor's nor a tenant's (as one of a
+			// tenant a reload removed would be).
+			{"mallory", meshtls.ID(td, meshtls.KindOperator, "mallory")},
 		} {
 			r := adminWith(t, h, p, c.cert, c.id)
 			if code, msg := r.do(http.MethodGet, "/api/clusters", nil); code != http.StatusForbidden {
