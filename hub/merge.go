@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/tenancy"
 )
 
 // The merge: per collection and name, every cluster's accepted resource is a candidate,
@@ -119,14 +120,19 @@ func (s *store) dropCandidateLocked(r *resource) {
 // breaker holds after a reload moved its ownership to another tenant: each tenant is then
 // served its own, and never the other's stale copy over its own, exported or not.
 func (s *store) pickLocked(tenant, collection, name string) *resource {
-	cands := s.index[collection][name]
+	return pick(s.tenants, tenant, s.index[collection][name], nil)
+}
+
+// pick is pickLocked's choice among cands, under the tenancy set (a dry run's candidate
+// configuration has its own), of those allow accepts (nil: all).
+func pick(set *tenancy.Set, tenant string, cands []*resource, allow func(*resource) bool) *resource {
 	for _, r := range cands {
-		if s.tenants.OfCluster(r.cluster) == tenant {
+		if (allow == nil || allow(r)) && set.OfCluster(r.cluster) == tenant {
 			return r
 		}
 	}
 	for _, r := range cands {
-		if s.tenants.Sees(tenant, r.cluster, r.collection, r.namespace, r.labels) {
+		if (allow == nil || allow(r)) && set.Sees(tenant, r.cluster, r.collection, r.namespace, r.labels) {
 			return r
 		}
 	}

@@ -136,14 +136,8 @@ func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[
 		m := map[string]string{}
 		if rt.wantsCollection(coll) {
 			for n, cands := range s.index[coll] {
-				for _, w := range cands {
-					if allow != nil && !allow(w) || !rt.tenants.Sees(rt.tenant, w.cluster, w.collection, w.namespace, w.labels) {
-						continue
-					}
-					if rt.sub.Includes(coll, w.cluster, w.namespace, w.labels) {
-						m[n] = w.served.Version
-					}
-					break
+				if w := pick(rt.tenants, rt.tenant, cands, allow); w != nil && rt.sub.Includes(coll, w.cluster, w.namespace, w.labels) {
+					m[n] = w.served.Version
 				}
 			}
 		}
