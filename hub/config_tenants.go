@@ -47,8 +47,8 @@ type TenantConfig struct {
 	// the only way one tenant's objects reach another's sinks.
 	Exports []tenancy.Export `json:"exports,omitempty"`
 	// Operators are the names of its operators (spiffe://<trustDomain>/operator/NAME): over
-	// adminTLS they see and act on this tenant only. An operator no tenant names is the
-	// vendor's and sees every tenant.
+	// adminTLS they see and act on this tenant only. The vendor's are the top-level
+	// operators; with tenants, an operator listed nowhere reads nothing.
 	Operators []string `json:"operators,omitempty"`
 	// Limits overrides the fields of the hub's tenantLimits it sets.
 	Limits *TenantLimits `json:"limits,omitempty"`

@@ -14,8 +14,9 @@ import (
 // request in a hub without tenants. With tenants, a request over adminTLS is answered for
 // the operator its certificate names: an operator a tenant lists sees that tenant only, in
 // every answer (its clusters, its sinks, the objects it sees, who owns what: "not yours"
-// for another tenant's), and acts on it only; any other operator is the vendor's and sees
-// every tenant; a certificate that is not an operator's reads nothing.
+// for another tenant's), and acts on it only; an operator the top-level operators list is
+// the vendor's and sees every tenant; any other operator, and a certificate that is not an
+// operator's, reads nothing.
 
 // viewer is who an answer is for: the vendor (tenant ""), who sees every tenant, or one
 // tenant's operator.
@@ -74,10 +75,11 @@ func (h *Hub) viaAdminTLS(next http.Handler) http.Handler {
 	})
 }
 
-// readScope is who an adminTLS request is answered for: the vendor in a hub without
-// tenants; with tenants, the tenant its operator is bound to, or the vendor for an operator
-// no tenant lists. A certificate that is no operator's is refused, as is a tenant's
-// operator asking for a path that is the vendor's.
+// readScope is who an adminTLS request is answered for: the vendor in a hub without tenants
+// or listed operators; otherwise the tenant its operator is bound to, or the vendor for an
+// operator the top-level operators list. An operator listed nowhere and a certificate that
+// is no operator's are refused, as is a tenant's operator asking for a path that is the
+// vendor's.
 func (h *Hub) readScope(r *http.Request) (viewer, *actionRefusal) {
 	comp := h.current().comp
 	if comp.vendorOps == nil { // no tenants, no operators listed: anyone verified reads

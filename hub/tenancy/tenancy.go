@@ -4,8 +4,9 @@
 // A tenant is one customer of a vendor-run hub: its clusters (the hub's configuration names
 // each cluster in exactly one tenant), its sinks (identity patterns: a sink's authenticated
 // identity matches the patterns of at most one tenant, which New checks), its operators
-// (names of spiffe://<trustDomain>/operator/NAME identities; an operator no tenant names is
-// the vendor's and sees every tenant), and its exports: what of its clusters' objects it
+// (names of spiffe://<trustDomain>/operator/NAME identities; OfOperator answers "" for any
+// other, whom the hub takes for the vendor's only if its configuration lists them), and its
+// exports: what of its clusters' objects it
 // shares with which other tenants. A tenant sees its own clusters' objects and what other
 // tenants export to it, nothing else; the hub serves a sink the intersection of that and its
 // routing subset.
@@ -313,8 +314,8 @@ func (s *Set) OfSink(identity string) string {
 	return ""
 }
 
-// OfOperator returns the tenant an operator is bound to, or "" for the vendor's operators,
-// who see every tenant. In a Set without tenants every operator is the vendor's.
+// OfOperator returns the tenant an operator is bound to, or "" for one no tenant names (the
+// hub decides whether that one is the vendor's).
 func (s *Set) OfOperator(name string) string {
 	if t := s.operators[name]; t != nil {
 		return t.spec.Name
