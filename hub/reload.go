@@ -75,7 +75,6 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	}
 	h.clustersMu.Unlock()
 	h.live.Store(&live{cfg: next, comp: comp})
-	h.store.setTenants(comp.tenants) // what writes and the admin API ask from here on; views follow in reroute
 	for name := range old.comp.clusters {
 		if !comp.configured(name) {
 			res.ClosedIngest += h.removeCluster(name)

@@ -148,7 +148,9 @@ func (s *store) removeCluster(d *clusterData) {
 			s.countLocked(d, r, -1)
 			touched[n] = true
 		}
-		s.publishLocked(coll, touched, d.name)
+		// Every view: a reload may no longer say whose the cluster was (and the tenants
+		// that saw it are few, removal rare).
+		s.publishLocked(coll, touched, "")
 	}
 	d.colls = nil
 }

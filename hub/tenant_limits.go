@@ -232,15 +232,17 @@ func (s *store) moveLocked(d *clusterData, tenant string) {
 }
 
 // retenant brings the store's tenants up to a reload's configuration, once the clusters it
-// removed are gone: each cluster's objects count in its tenant's usage now (a cluster that
-// moved takes them along), and what is kept of a tenant no longer configured (its usage,
-// push pacing and metric series) is forgotten.
+// removed are gone: writes, picks and the admin API's answers go by its tenancy from here
+// on (the views follow in reroute), each cluster's objects count in its tenant's usage now
+// (a cluster that moved takes them along), and what is kept of a tenant no longer
+// configured (its usage, push pacing and metric series) is forgotten.
 func (s *store) retenant(comp *compiled) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tenants = comp.tenants
 	for _, d := range s.clusters {
 		s.moveLocked(d, comp.tenants.OfCluster(d.name))
 	}
-	defer s.mu.Unlock()
 	keep := func(name string) bool {
 		return comp.tenants.Has(name) || name == noTenant && !comp.tenants.Single()
 	}

@@ -4,7 +4,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -146,14 +145,6 @@ func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[
 	return out
 }
 
-// setTenants makes t the tenancy the store answers by (a reload's, before its views are
-// recomputed by reroute).
-func (s *store) setTenants(t *tenancy.Set) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.tenants = t
-}
-
 // reroute gives every open view the new definition of its route under comp, and pushes
 // only the difference to the views of the tenants affected says changed (what the others
 // see is the same). A view whose tenant or rules no longer all exist keeps its content:
@@ -162,7 +153,6 @@ func (s *store) setTenants(t *tenancy.Set) {
 func (s *store) reroute(comp *compiled, affected func(tenant string) bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tenants = comp.tenants
 	recomputed := 0
 	for _, views := range s.views {
 		for key, v := range views {
