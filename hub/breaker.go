@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -47,22 +48,7 @@ type BreakerConfig struct {
 }
 
 // over returns cfg with the fields o sets.
-func (cfg BreakerConfig) over(o *BreakerConfig) BreakerConfig {
-	if o == nil {
-		return cfg
-	}
-	if o.MaxDeleteShare != 0 {
-		cfg.MaxDeleteShare = o.MaxDeleteShare
-	}
-	if o.MinDeletes != 0 {
-		cfg.MinDeletes = o.MinDeletes
-	}
-	if o.Settle.Duration != 0 {
-		cfg.Settle = o.Settle
-	}
-	cfg.Disabled = cfg.Disabled || o.Disabled
-	return cfg
-}
+func (cfg BreakerConfig) over(o *BreakerConfig) BreakerConfig { return ops.Overlay(cfg, o) }
 
 // check validates the fields set (field names the section).
 func (cfg *BreakerConfig) check(field string) error {

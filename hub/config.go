@@ -477,12 +477,22 @@ type compiled struct {
 	kindTable   *kinds.Table // the built-in and configured kinds
 	breaker     BreakerConfig
 	quotas      QuotaConfig
-	maxMessage  int // maxMessageSize: what a sink can receive in one push
+	guards      map[string]*quotaGuard   // by cluster: quotaFor
+	breakers    map[string]BreakerConfig // by cluster: breakerFor
+	maxMessage  int                      // maxMessageSize: what a sink can receive in one push
 }
 
-// quotaFor is cluster's bounds: the hub's quotas with the cluster's overrides, and what a
-// sink can receive of a collection.
+// quotaFor is cluster's bounds (built once per configuration, by compile).
 func (c *compiled) quotaFor(cluster string) *quotaGuard {
+	if g := c.guards[cluster]; g != nil {
+		return g
+	}
+	return c.newQuotaGuard(cluster)
+}
+
+// newQuotaGuard is cluster's bounds: the hub's quotas with the cluster's overrides, what a
+// sink can receive of a collection, and its tenant's limits (none without tenants).
+func (c *compiled) newQuotaGuard(cluster string) *quotaGuard {
 	q := c.quotas.over(c.clusters[cluster].Quotas)
 	if q.MaxObjectBytes == 0 {
 		q.MaxObjectBytes = maxServedObject(c.maxMessage)
@@ -491,12 +501,20 @@ func (c *compiled) quotaFor(cluster string) *quotaGuard {
 	if budget == 0 {
 		budget = int64(c.maxMessage - pushEnvelope)
 	}
-	return &quotaGuard{q: q, collectionBudget: budget}
+	g := &quotaGuard{q: q, collectionBudget: budget, tenanted: !c.tenants.Single()}
+	if t := c.tenant[c.tenants.OfCluster(cluster)]; t != nil && g.tenanted {
+		g.tenant = t.limits
+	}
+	return g
 }
 
-// breakerFor is cluster's breaker: the hub's, with the cluster's overrides.
+// breakerFor is cluster's breaker: the hub's, with the cluster's overrides (built once
+// per configuration, by compile).
 func (c *compiled) breakerFor(cluster string) BreakerConfig {
-	return c.breaker.over(c.clusters[cluster].Breaker)
+	if b, ok := c.breakers[cluster]; ok {
+		return b
+	}
+	return c.breaker // not configured: no override
 }
 
 // ownership is what the tenants' ownership policies are built from: two equal ones refuse
@@ -684,6 +702,13 @@ func (c *Config) compile() (*compiled, error) {
 	}
 	if err := c.compileTenants(out, groups); err != nil {
 		return nil, err
+	}
+	// Each push is judged by its cluster's bounds and breaker: built here once, not per push.
+	out.guards = make(map[string]*quotaGuard, len(out.clusters))
+	out.breakers = make(map[string]BreakerConfig, len(out.clusters))
+	for name, cl := range out.clusters {
+		out.guards[name] = out.newQuotaGuard(name)
+		out.breakers[name] = out.breaker.over(cl.Breaker)
 	}
 	if err := c.checkDialSinkTrust(out); err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/pattern"
 	"github.com/meshfed/meshfed/hub/tenancy"
+	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
 )
@@ -340,33 +341,7 @@ type TenantLimits struct {
 }
 
 // over returns l with the fields o sets.
-func (l TenantLimits) over(o *TenantLimits) TenantLimits {
-	if o == nil {
-		return l
-	}
-	if o.MaxStreams != 0 {
-		l.MaxStreams = o.MaxStreams
-	}
-	if o.StreamsPerSecond != 0 {
-		l.StreamsPerSecond = o.StreamsPerSecond
-	}
-	if o.StreamBurst != 0 {
-		l.StreamBurst = o.StreamBurst
-	}
-	if o.PushesPerSecond != 0 {
-		l.PushesPerSecond = o.PushesPerSecond
-	}
-	if o.PushBurst != 0 {
-		l.PushBurst = o.PushBurst
-	}
-	if o.MaxObjects != 0 {
-		l.MaxObjects = o.MaxObjects
-	}
-	if o.MaxBytes != 0 {
-		l.MaxBytes = o.MaxBytes
-	}
-	return l
-}
+func (l TenantLimits) over(o *TenantLimits) TenantLimits { return ops.Overlay(l, o) }
 
 // check refuses negative limits (0 is no limit for each).
 func (l *TenantLimits) check(field string) error {

@@ -192,7 +192,6 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	var quota *quotaGuard // copies were bounded where they were written
 	if s.own {
 		quota = cur.comp.quotaFor(cs.name)
-		quota.tenant, quota.tenanted = cur.tenantLimits(cur.comp.tenants.OfCluster(cs.name)), !cur.comp.tenants.Single()
 	}
 	for i, e := range c.Entries {
 		r := c.Resources[i]

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"golang.org/x/time/rate"
+
+	"github.com/meshfed/meshfed/internal/ops"
 )
 
 // Bounds on what one cluster may publish (and, tenant_limits.go, what all of a tenant's
@@ -41,27 +43,7 @@ type QuotaConfig struct {
 }
 
 // over returns q with the fields o sets.
-func (q QuotaConfig) over(o *QuotaConfig) QuotaConfig {
-	if o == nil {
-		return q
-	}
-	if o.MaxObjects != 0 {
-		q.MaxObjects = o.MaxObjects
-	}
-	if o.MaxObjectBytes != 0 {
-		q.MaxObjectBytes = o.MaxObjectBytes
-	}
-	if o.MaxBytes != 0 {
-		q.MaxBytes = o.MaxBytes
-	}
-	if o.PushesPerSecond != 0 {
-		q.PushesPerSecond = o.PushesPerSecond
-	}
-	if o.PushBurst != 0 {
-		q.PushBurst = o.PushBurst
-	}
-	return q
-}
+func (q QuotaConfig) over(o *QuotaConfig) QuotaConfig { return ops.Overlay(q, o) }
 
 // check validates the fields set; maxMessageSize bounds maxObjectBytes.
 func (q *QuotaConfig) check(field string, maxMessageSize int) error {

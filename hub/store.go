@@ -194,7 +194,7 @@ type applied struct {
 
 // apply records a cluster's write, or returns errRemoved.
 func (s *store) apply(d *clusterData, w write) (res applied, err error) {
-	if s.gate != nil && s.tenanted.Load() {
+	if s.tenanted.Load() {
 		s.gate.enter(d.usage.Load().name)
 		defer s.gate.leave()
 	}

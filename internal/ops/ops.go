@@ -21,6 +21,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -279,4 +280,20 @@ func Logger(w io.Writer, level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv})), nil
+}
+
+// Overlay returns base with each field o sets (non-zero) in its place: an item's override
+// of a section of defaults, as a cluster's quotas over the hub's. With o nil, base. T is a
+// struct of exported fields.
+func Overlay[T any](base T, o *T) T {
+	if o == nil {
+		return base
+	}
+	dst, src := reflect.ValueOf(&base).Elem(), reflect.ValueOf(o).Elem()
+	for i := range src.NumField() {
+		if f := src.Field(i); !f.IsZero() {
+			dst.Field(i).Set(f)
+		}
+	}
+	return base
 }

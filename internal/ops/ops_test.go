@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -373,5 +374,27 @@ func TestLoadFileAndLogger(t *testing.T) {
 	}
 	if l, err := Logger(io.Discard, "warn"); err != nil || l.Enabled(context.Background(), slog.LevelInfo) {
 		t.Errorf("Logger(warn): %v", err)
+	}
+}
+
+func TestOverlay(t *testing.T) {
+	type section struct {
+		N     int
+		F     float64
+		D     Duration
+		Off   bool
+		Names []string
+	}
+	base := section{N: 1, F: 0.5, D: D(time.Second), Names: []string{"a"}}
+	if got := Overlay(base, nil); !reflect.DeepEqual(got, base) {
+		t.Errorf("Overlay(base, nil) = %+v, want base", got)
+	}
+	got := Overlay(base, &section{F: 0.25, Off: true})
+	want := section{N: 1, F: 0.25, D: D(time.Second), Off: true, Names: []string{"a"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Overlay = %+v, want %+v (the fields set replace, the others stay)", got, want)
+	}
+	if got := Overlay(base, &section{D: D(time.Minute), Names: []string{"b"}}); got.D.Duration != time.Minute || got.Names[0] != "b" || got.N != 1 {
+		t.Errorf("Overlay of a duration and a list = %+v", got)
 	}
 }
