@@ -155,6 +155,69 @@ type receipt struct {
 	at, prev time.Time // this push's arrival, and the sink's previous push's
 }
 
+// samples are one condition's deliveries of B's changes: at every sink (all; clear and
+// behind split them by whether a push of another cluster reached that sink after the change
+// was made), B's push to the hub's ACK (ingest), and the process's CPU over wall time.
+type samples struct {
+	all, ingest, clear, behind []time.Duration
+	cpu, wall                  time.Duration
+	heap                       float64 // MiB after GC, the largest seen (where a row records it)
+}
+
+// changer makes one cluster's measured changes: next puts the next one in its cache and
+// seq says its number; n sinks receive them, watch follows the hub's ACKs.
+type changer struct {
+	cache *mcp.Cache
+	watch *pushWatch
+	sinks *markSinks
+	n     int
+	gap   time.Duration
+	next  func() *mcp.Entry
+	seq   func() int
+}
+
+// measureChanges makes count changes through ch, each awaited at every sink and ACKed by
+// the hub, gap apart, and adds what they took to c.
+func measureChanges(c *samples, ch changer, count int) error {
+	cpu0, wall0 := cpuTime(), time.Now()
+	defer func() { c.cpu, c.wall = c.cpu+cpuTime()-cpu0, c.wall+time.Since(wall0) }()
+	for range count {
+		e := ch.next()
+		seq := ch.seq()
+		got := 0
+		t0 := time.Now()
+		v := ch.cache.Put(hubCollection, e)
+		timeout := time.NewTimer(30 * time.Second)
+		for range ch.n {
+			select {
+			case r := <-ch.sinks.receipts:
+				if r.seq != seq {
+					timeout.Stop()
+					return fmt.Errorf("a sink received B's change %d while %d was expected", r.seq, seq)
+				}
+				got++
+				d := r.at.Sub(t0)
+				c.all = append(c.all, d)
+				if r.prev.After(t0) {
+					c.behind = append(c.behind, d)
+				} else {
+					c.clear = append(c.clear, d)
+				}
+			case <-timeout.C:
+				return fmt.Errorf("B's change %d (version %d) reached %d of %d sinks in 30s; the hub ACKed B's version %d (%d NACKs, the last: %v); sinks' highest B: %v",
+					seq, v, got, ch.n, ch.watch.acked.Load(), ch.watch.nacks.Load(), ch.watch.nack.Load(), ch.sinks.highestOf('B'))
+			}
+		}
+		timeout.Stop()
+		if err := ch.watch.waitAcked(v); err != nil {
+			return err
+		}
+		c.ingest = append(c.ingest, time.Duration(ch.watch.took.Load()))
+		time.Sleep(ch.gap)
+	}
+	return nil
+}
+
 // startMarkSinks connects n sinks to addr. Sinks in stall receive their first push and then
 // neither read nor ACK again. Receipts are sent for report. With identity, sink i subscribes
 // as identity(i), in the development identity header (so that the hub takes it for a
@@ -409,48 +472,9 @@ func NoisyNeighbour(cfg NeighbourConfig) (NeighbourResult, error) {
 			}
 		}
 	}
-	type samples struct {
-		all, ingest, clear, behind []time.Duration
-		cpu, wall                  time.Duration
-	}
 	measureB := func(c *samples) error {
-		cpu0, wall0 := cpuTime(), time.Now()
-		defer func() { c.cpu, c.wall = c.cpu+cpuTime()-cpu0, c.wall+time.Since(wall0) }()
-		for range perBlock {
-			bSeq++
-			got := 0
-			e := markedResource(name(bName, bSeq), 'B', bSeq, cfg.Size)
-			t0 := time.Now()
-			v := caches[1].Put(hubCollection, e)
-			timeout := time.NewTimer(30 * time.Second)
-			for range cfg.Sinks {
-				select {
-				case r := <-sinks.receipts:
-					if r.seq != bSeq {
-						timeout.Stop()
-						return fmt.Errorf("a sink received B's change %d while %d was expected", r.seq, bSeq)
-					}
-					got++
-					d := r.at.Sub(t0)
-					c.all = append(c.all, d)
-					if r.prev.After(t0) {
-						c.behind = append(c.behind, d)
-					} else {
-						c.clear = append(c.clear, d)
-					}
-				case <-timeout.C:
-					return fmt.Errorf("B's change %d (version %d) reached %d of %d sinks in 30s; the hub ACKed B's version %d (%d NACKs, the last: %v); sinks' highest B: %v",
-						bSeq, v, got, cfg.Sinks, watches[1].acked.Load(), watches[1].nacks.Load(), watches[1].nack.Load(), sinks.highestOf('B'))
-				}
-			}
-			timeout.Stop()
-			if err := watches[1].waitAcked(v); err != nil {
-				return err
-			}
-			c.ingest = append(c.ingest, time.Duration(watches[1].took.Load()))
-			time.Sleep(cfg.Gap)
-		}
-		return nil
+		return measureChanges(c, changer{cache: caches[1], watch: watches[1], sinks: sinks, n: cfg.Sinks, gap: cfg.Gap,
+			next: func() *mcp.Entry { bSeq++; return markedResource(name(bName, bSeq), 'B', bSeq, cfg.Size) }, seq: func() int { return bSeq }}, perBlock)
 	}
 	var idle, flooded samples
 	var floodTime time.Duration

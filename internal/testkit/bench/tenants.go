@@ -272,42 +272,9 @@ func NoisyTenant(cfg TenantsConfig) (TenantsResult, error) {
 		}
 		return n
 	}
-	type samples struct {
-		all, ingest []time.Duration
-		cpu, wall   time.Duration
-		heap        float64
-	}
 	measureB := func(c *samples) error {
-		cpu0, wall0 := cpuTime(), time.Now()
-		defer func() { c.cpu, c.wall = c.cpu+cpuTime()-cpu0, c.wall+time.Since(wall0) }()
-		for range perBlock {
-			bSeq++
-			got := 0
-			t0 := time.Now()
-			v := bCache.Put(hubCollection, markedResource(name(bCluster, bSeq), 'B', bSeq, cfg.Size))
-			timeout := time.NewTimer(30 * time.Second)
-			for range cfg.BSinks {
-				select {
-				case r := <-bSinks.receipts:
-					if r.seq != bSeq {
-						timeout.Stop()
-						return fmt.Errorf("a sink of B received B's change %d while %d was expected", r.seq, bSeq)
-					}
-					got++
-					c.all = append(c.all, r.at.Sub(t0))
-				case <-timeout.C:
-					return fmt.Errorf("B's change %d (version %d) reached %d of %d sinks in 30s; the hub ACKed B's version %d (%d NACKs, the last: %v); sinks' highest B: %v",
-						bSeq, v, got, cfg.BSinks, bWatch.acked.Load(), bWatch.nacks.Load(), bWatch.nack.Load(), bSinks.highestOf('B'))
-				}
-			}
-			timeout.Stop()
-			if err := bWatch.waitAcked(v); err != nil {
-				return err
-			}
-			c.ingest = append(c.ingest, time.Duration(bWatch.took.Load()))
-			time.Sleep(cfg.Gap)
-		}
-		return nil
+		return measureChanges(c, changer{cache: bCache, watch: bWatch, sinks: bSinks, n: cfg.BSinks, gap: cfg.Gap,
+			next: func() *mcp.Entry { bSeq++; return markedResource(name(bCluster, bSeq), 'B', bSeq, cfg.Size) }, seq: func() int { return bSeq }}, perBlock)
 	}
 	var idle, noisy samples
 	var noisyTime time.Duration
