@@ -46,8 +46,8 @@ func TestDevCACreatedOnceAndReused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.cert.Leaf.URIs[0].String() != "spiffe://mesh.test/cluster/east" || c.cert.Leaf.NotAfter.Before(time.Now().Add(80*24*time.Hour)) {
-		t.Errorf("leaf = %v, %v", c.cert.Leaf.URIs, c.cert.Leaf.NotAfter)
+	if c.cur.cert.Leaf.URIs[0].String() != "spiffe://mesh.test/cluster/east" || c.cur.cert.Leaf.NotAfter.Before(time.Now().Add(80*24*time.Hour)) {
+		t.Errorf("leaf = %v, %v", c.cur.cert.Leaf.URIs, c.cur.cert.Leaf.NotAfter)
 	}
 	if _, _, err := handshake(t, s.ServerConfig(), c.ClientConfig("")); err != nil {
 		t.Fatalf("handshake with development certificates: %v", err)

@@ -20,6 +20,7 @@ package tls
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -71,11 +72,19 @@ type Source struct {
 	now   func() time.Time
 
 	mu      sync.Mutex // guards the following fields
-	cert    *tls.Certificate
-	pool    *x509.CertPool
-	stamp   string // size and mtime of the three files when last loaded
+	cur     loaded
 	checked time.Time
 	lastErr string
+}
+
+// loaded is one valid read of the files.
+type loaded struct {
+	cert *tls.Certificate
+	pool *x509.CertPool
+	// bundleNotAfter is when the bundle's first certificate to expire does: from then on,
+	// peers whose chains end there are refused.
+	bundleNotAfter time.Time
+	stamp          string // size and mtime of the three files
 }
 
 // NewSource loads the files once; an error names the file and what is wrong with it.
@@ -87,11 +96,11 @@ func NewSource(files Files, log *slog.Logger) (*Source, error) {
 		log = slog.Default()
 	}
 	s := &Source{files: files, log: log, now: time.Now}
-	cert, pool, stamp, err := load(files)
+	cur, err := load(files)
 	if err != nil {
 		return nil, err
 	}
-	s.cert, s.pool, s.stamp, s.checked = cert, pool, stamp, s.now()
+	s.cur, s.checked = cur, s.now()
 	return s, nil
 }
 
@@ -103,8 +112,8 @@ func (s *Source) current() (*tls.Certificate, *x509.CertPool) {
 	defer s.mu.Unlock()
 	if now := s.now(); now.Sub(s.checked) >= recheck {
 		s.checked = now
-		if stamp := fileStamp(s.files); stamp != s.stamp {
-			cert, pool, st, err := load(s.files)
+		if stamp := fileStamp(s.files); stamp != s.cur.stamp {
+			next, err := load(s.files)
 			switch {
 			case err != nil:
 				if err.Error() != s.lastErr {
@@ -112,12 +121,21 @@ func (s *Source) current() (*tls.Certificate, *x509.CertPool) {
 					s.lastErr = err.Error()
 				}
 			default:
-				s.cert, s.pool, s.stamp, s.lastErr = cert, pool, st, ""
-				s.log.Info("TLS files reloaded", "cert", s.files.Cert, "not_after", cert.Leaf.NotAfter)
+				s.cur, s.lastErr = next, ""
+				s.log.Info("TLS files reloaded", "cert", s.files.Cert, "not_after", next.cert.Leaf.NotAfter)
 			}
 		}
 	}
-	return s.cert, s.pool
+	return s.cur.cert, s.cur.pool
+}
+
+// NotAfter returns when the current certificate expires, and when the first certificate of
+// the current bundle does (for metrics: a rotation that did not happen shows here first).
+func (s *Source) NotAfter() (cert, bundle time.Time) {
+	c, _ := s.current()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.Leaf.NotAfter, s.cur.bundleNotAfter
 }
 
 // ValidFor reports whether the current certificate is valid now and for at least d more.
@@ -261,26 +279,45 @@ func verify(chain []*x509.Certificate, pool *x509.CertPool, name string, usage x
 	return nil
 }
 
-func load(f Files) (*tls.Certificate, *x509.CertPool, string, error) {
+func load(f Files) (loaded, error) {
 	stamp := fileStamp(f)
 	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("certFile %s / keyFile %s: %w", f.Cert, f.Key, err)
+		return loaded{}, fmt.Errorf("certFile %s / keyFile %s: %w", f.Cert, f.Key, err)
 	}
 	if cert.Leaf == nil {
 		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return nil, nil, "", fmt.Errorf("certFile %s: %w", f.Cert, err)
+			return loaded{}, fmt.Errorf("certFile %s: %w", f.Cert, err)
 		}
 	}
 	caPEM, err := os.ReadFile(f.CA)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("caFile: %w", err)
+		return loaded{}, fmt.Errorf("caFile: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, nil, "", fmt.Errorf("caFile %s: no PEM certificate in it", f.CA)
+		return loaded{}, fmt.Errorf("caFile %s: no PEM certificate in it", f.CA)
 	}
-	return &cert, pool, stamp, nil
+	return loaded{cert: &cert, pool: pool, bundleNotAfter: firstExpiry(caPEM), stamp: stamp}, nil
+}
+
+// firstExpiry is the soonest NotAfter of the certificates in a PEM bundle, read as the pool
+// reads it: blocks that are not certificates, or do not parse, are skipped.
+func firstExpiry(bundle []byte) time.Time {
+	var first time.Time
+	for len(bundle) > 0 {
+		var b *pem.Block
+		if b, bundle = pem.Decode(bundle); b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" || len(b.Headers) != 0 {
+			continue
+		}
+		if c, err := x509.ParseCertificate(b.Bytes); err == nil && (first.IsZero() || c.NotAfter.Before(first)) {
+			first = c.NotAfter
+		}
+	}
+	return first
 }
 
 func fileStamp(f Files) string {

@@ -173,8 +173,38 @@ func FuzzNewSource(f *testing.F) {
 			}
 		}
 		s, err := NewSource(files, quiet())
-		if err == nil && (s.cert == nil || s.pool == nil) {
+		if err == nil && (s.cur.cert == nil || s.cur.pool == nil) {
 			t.Fatal("loaded without a certificate or a bundle")
 		}
 	})
+}
+
+// NotAfter follows the files: the certificate's expiry, and the soonest of the bundle's
+// (a bundle with an old and a new root during a rotation expires with the old one); a
+// rotated certificate shows once it is reloaded.
+func TestNotAfter(t *testing.T) {
+	dir := t.TempDir()
+	older, newer := tlstest.NewCA(t, "older"), tlstest.NewCA(t, "newer")
+	bundle := filepath.Join(dir, "ca.crt")
+	tlstest.WriteBundle(t, bundle, newer, older)
+	first := older.Cert.NotAfter
+	if newer.Cert.NotAfter.Before(first) {
+		first = newer.Cert.NotAfter
+	}
+	until := time.Now().Add(2 * time.Hour).Truncate(time.Second)
+	cert, key, _ := newer.IssueValid(t, dir, "leaf", time.Now().Add(-time.Hour), until, "spiffe://mesh.test/hub/h")
+	s, err := NewSource(Files{Cert: cert, Key: key, CA: bundle}, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, b := s.NotAfter(); !c.Equal(until) || !b.Equal(first) {
+		t.Errorf("NotAfter = %v, %v; want %v, %v", c, b, until, first)
+	}
+	later := until.Add(5 * time.Hour)
+	newer.IssueValid(t, dir, "leaf", time.Now().Add(-time.Hour), later, "spiffe://mesh.test/hub/h")
+	clock := time.Now().Add(recheck)
+	s.now = func() time.Time { return clock }
+	if c, _ := s.NotAfter(); !c.Equal(later) {
+		t.Errorf("NotAfter after the rotation = %v; want %v", c, later)
+	}
 }
