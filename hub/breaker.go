@@ -369,10 +369,13 @@ func (h *Hub) breakerChanged(cs *clusterState, collection string, v breakerVerdi
 	switch {
 	case v.tripped != "":
 		h.metrics.breakerTripped(cs.name)
+		h.note(api.Event{Kind: api.EventBreaker, Cluster: cs.name, Collection: collection, Reason: api.ReasonTripped,
+			Message: fmt.Sprintf("mass-deletion breaker opened (%s): %d deletions held; release with `hub breaker release %s` once intended", v.tripped, v.count, cs.name)})
 		cs.log.Warn("mass-deletion breaker opened: the cluster's deletions are held and its objects stay served; release it with `hub breaker release` once the deletions are intended",
 			"reason", v.tripped, "collection", collection, "held", v.count)
 	case v.closed:
 		cs.log.Info("mass-deletion breaker closed: the cluster's state recovered", "still_settling", v.count)
+		h.note(api.Event{Kind: api.EventBreaker, Cluster: cs.name, Collection: collection, Reason: api.ReasonClosed, Message: "mass-deletion breaker closed: the cluster's state recovered"})
 	}
 	h.metrics.breaker(cs.name, v.open, v.count)
 }
@@ -420,6 +423,8 @@ func (h *Hub) ReleaseBreaker(cluster, operator string) (api.BreakerRelease, erro
 		total += n
 	}
 	cs.log.Warn("mass-deletion breaker released by an operator: its held deletions are applied", "operator", operator, "deleted", total, "by_collection", deleted)
+	h.note(api.Event{Kind: api.EventBreaker, Cluster: cluster, Reason: api.ReasonReleased,
+		Message: fmt.Sprintf("released by operator %s: %d held deletions applied", operator, total)})
 	h.breakerRefresh(cs)
 	return api.BreakerRelease{Cluster: cluster, Operator: operator, Deleted: deleted}, nil
 }

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"fmt"
 	"log/slog"
 	"maps"
 	"sort"
@@ -210,6 +211,9 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		h.metrics.connected(cs.name, true) // under cs.mu: a removal forgets the series after
 		h.saveMetaLocked(cs)
 		cs.log.Info("cluster stream opened", "streams", cs.connected)
+		if cs.connected == 1 {
+			h.note(api.Event{Kind: api.EventCluster, Cluster: cs.name, Reason: api.ReasonConnected, Message: "connected from " + info.Peer})
+		}
 	}
 	cs.mu.Unlock()
 	h.layer.SessionOpened(s)
@@ -230,6 +234,7 @@ func (h *Hub) sessionClosed(s *Session) {
 		if cs.connected--; cs.connected == 0 {
 			cs.disconnectedAt = cs.lastContact
 			away = true
+			h.note(api.Event{Kind: api.EventCluster, Cluster: cs.name, Reason: api.ReasonDisconnected, Message: "its last stream closed; its objects stay served as staleness says"})
 		}
 		h.metrics.connected(cs.name, cs.connected > 0)
 		h.saveMetaLocked(cs)
@@ -257,6 +262,8 @@ func (h *Hub) takeOverLocked(s *Session) func() {
 	cs.log.Warn("a second stream of the cluster took over: the previous one is closed and its state replaced by the new stream's as a whole (two minions, or one restarted before its old stream was seen dead)",
 		"new_peer", s.info.Peer, "new_identity", s.info.Identity, "previous_peer", old.info.Peer)
 	h.metrics.takeover(cs.name)
+	h.note(api.Event{Kind: api.EventTakeover, Cluster: cs.name, Reason: api.ReasonTakeover,
+		Message: fmt.Sprintf("a second stream of the cluster (%s, %s) took over from %s; the previous one is closed", s.info.Peer, s.info.Identity, old.info.Peer)})
 	return old.info.Close
 }
 

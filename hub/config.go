@@ -135,6 +135,10 @@ type Config struct {
 	// WarmUp: after a start, nothing is served until every configured cluster has synced or
 	// this long has passed, so a sink never gets an empty state because the hub restarted.
 	WarmUp Duration `json:"warmUp,omitempty"`
+	// SinkStaleAfter: a sink that has not answered a push for this long is stale (its
+	// state in `hub status`, the dashboard and meshfed_hub_fleet_sinks); before that it
+	// is syncing.
+	SinkStaleAfter Duration `json:"sinkStaleAfter,omitempty"`
 	// Routing gives each sink its subset.
 	Routing routing.Config `json:"routing"`
 	// MaxMessageSize is the largest push sent to a sink, in bytes.
@@ -182,6 +186,9 @@ func Defaults() *Config {
 		Staleness: StalenessConfig{Default: "keep"},
 		// Long enough for every minion to reconnect after a hub restart.
 		WarmUp: ops.D(30 * time.Second),
+		// istiod answers a push in milliseconds, and a large one within seconds; a sink
+		// silent for half a minute is not keeping up.
+		SinkStaleAfter: ops.D(30 * time.Second),
 		// Istio Pilot's gRPC receive limit is 4 MiB; the rest is headroom for the envelope.
 		MaxMessageSize: mcp.DefaultMaxMessageSize,
 		Backoff:        ops.Backoff{Initial: ops.D(100 * time.Millisecond), Max: ops.D(30 * time.Second)},
@@ -480,6 +487,7 @@ type compiled struct {
 	guards      map[string]*quotaGuard   // by cluster: quotaFor
 	breakers    map[string]BreakerConfig // by cluster: breakerFor
 	maxMessage  int                      // maxMessageSize: what a sink can receive in one push
+	staleAfter  time.Duration            // sinkStaleAfter
 }
 
 // quotaFor is cluster's bounds (built once per configuration, by compile).
@@ -601,6 +609,12 @@ func (c *Config) compile() (*compiled, error) {
 	if err := c.WarmUp.Check("warmUp"); err != nil {
 		return nil, err
 	}
+	if err := c.SinkStaleAfter.Check("sinkStaleAfter"); err != nil {
+		return nil, err
+	}
+	if c.SinkStaleAfter.Duration <= 0 {
+		return nil, fmt.Errorf("sinkStaleAfter: %s is not positive", c.SinkStaleAfter.Duration)
+	}
 	if c.MaxMessageSize <= 0 {
 		return nil, fmt.Errorf("maxMessageSize: %d is not positive", c.MaxMessageSize)
 	}
@@ -662,7 +676,7 @@ func (c *Config) compile() (*compiled, error) {
 	if len(c.allClusters()) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker,
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker, staleAfter: c.SinkStaleAfter.Duration,
 		quotas: c.Quotas, maxMessage: c.MaxMessageSize, ownership: ownership{owners: map[string][]acl.Cluster{}, domainSuffix: c.DomainSuffix}}
 	groups := c.tenantGroups()
 	for _, g := range groups {

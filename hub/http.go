@@ -267,6 +267,7 @@ func (h *Hub) httpHandler() *http.ServeMux {
 		}
 		WriteJSON(w, h.why(h.viewerOf(r), coll, q.Get("name")))
 	})
+	mux.HandleFunc("/api/events", h.serveEvents)
 	mux.HandleFunc("/api/state", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.stateStatus()) })
 	mux.HandleFunc("/api/kinds", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.servedKinds()) })
 	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, r *http.Request) {

@@ -46,6 +46,7 @@ type Hub struct {
 
 	store    *store
 	sinks    *sinkRegistry
+	events   *journal
 	watchers *watchRegistry
 	source   *mcp.Source
 	creds    credentials.TransportCredentials // server side; nil in development mode
@@ -126,6 +127,7 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		return nil, err
 	}
 	h.sinks = &sinkRegistry{now: h.now}
+	h.events = newJournal()
 	h.source, err = mcp.NewSource(mcp.SourceOptions{Watcher: router{h}, MaxMessageSize: cfg.MaxMessageSize, Logger: log, Metrics: h.mcpMetrics,
 		Hooks: h.sinks.hooks()})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -187,6 +188,11 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	cur := h.current()
 	var put []*resource
 	var rejected []mcp.Rejection
+	var reasons []string // rejected's api.Reason* classes
+	refuse := func(name, reason string, err error) {
+		rejected = append(rejected, mcp.Rejection{Resource: name, Reason: err.Error()})
+		reasons = append(reasons, reason)
+	}
 	keep := map[string]bool{}
 	aclRejected, overQuota := false, false
 	var quota *quotaGuard // copies were bounded where they were written
@@ -198,6 +204,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		var err error
 		var hosts []string
 		decoded := false
+		reason := api.ReasonInvalid
 		if s.own { // copies were checked where they were written
 			var body proto.Message
 			if body, err = cur.comp.kindTable.Decode(c.Collection, r); err == nil {
@@ -208,22 +215,23 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 			hosts, err = acl.Hosts(c.Collection, r.GetBody().GetValue())
 		}
 		if err == nil {
-			err = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
+			err, reason = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts}), api.ReasonNotOwned
 		}
 		if err != nil {
-			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
+			refuse(e.Name, reason, err)
 			keep[e.Name] = true
 			aclRejected = true
 			continue
 		}
 		res, err := newResource(cs.name, c.Collection, e, r, hosts)
+		reason = api.ReasonInvalid
 		if err == nil && quota != nil && len(res.served.Encoded) > quota.q.MaxObjectBytes {
 			err = fmt.Errorf("%s is %d bytes as served, more than maxObjectBytes %d (what a sink can receive in one push is %d)",
 				e.Name, len(res.served.Encoded), quota.q.MaxObjectBytes, maxServedObject(cur.comp.maxMessage))
-			overQuota = true
+			reason, overQuota = api.ReasonOverQuota, true
 		}
 		if err != nil {
-			rejected = append(rejected, mcp.Rejection{Resource: e.Name, Reason: err.Error()})
+			refuse(e.Name, reason, err)
 			keep[e.Name] = true
 			continue
 		}
@@ -238,13 +246,14 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
 	h.breakerChanged(cs, c.Collection, res.breaker)
-	rejected = append(rejected, res.refused...)
+	for _, r := range res.refused {
+		rejected, reasons = append(rejected, r), append(reasons, api.ReasonOverQuota)
+	}
 	overQuota = overQuota || len(res.refused) > 0
 	refused := len(rejected) // the ones not stored; conflicts are stored and may be served later
 	for _, cf := range res.lost {
-		rejected = append(rejected, mcp.Rejection{Resource: cf.Name,
-			Reason: fmt.Sprintf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
-				cf.Winner, cf.Name, cf.Why)})
+		refuse(cf.Name, api.ReasonConflict, fmt.Errorf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
+			cf.Winner, cf.Name, cf.Why))
 	}
 
 	cs.mu.Lock()
@@ -276,9 +285,10 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	for _, r := range rejected[:refused] {
 		rj[r.Resource] = r.Reason
 	}
-	for _, r := range rejected {
+	for i, r := range rejected {
 		h.metrics.rejected(cs.name, c.Collection)
 		cs.log.Warn("resource rejected", "collection", c.Collection, "resource", r.Resource, "reason", r.Reason)
+		h.note(api.Event{Kind: api.EventRefusal, Cluster: cs.name, Collection: c.Collection, Name: r.Resource, Reason: reasons[i], Message: r.Reason})
 	}
 	h.metrics.resources(cs.name, c.Collection, res.held) // under cs.mu: a removal forgets the series after
 	cs.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
 )
 
@@ -81,6 +82,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		}
 	}
 	h.store.retenant(comp)
+	h.events.forget(comp.tenants.Has) // a removed tenant's operators can no longer ask
 
 	refused, held := h.recheckOwnership(comp, "a configuration reload")
 	res.Held = held
@@ -180,8 +182,10 @@ func (h *Hub) watchConfig(ctx context.Context, path string, debounce time.Durati
 		if err != nil {
 			h.log.Error("configuration refused; keeping the running one", "path", path, "err", err)
 			h.metrics.reload("refused")
+			h.note(api.Event{Kind: api.EventReload, Reason: api.ReasonRefused, Message: fmt.Sprintf("%s refused; the running configuration stays: %v", path, err)})
 			return
 		}
 		h.metrics.reload("applied")
+		h.note(api.Event{Kind: api.EventReload, Reason: api.ReasonApplied, Message: path + " applied"})
 	})
 }

@@ -328,7 +328,7 @@ func (r *sinkRegistry) hooks() mcp.Hooks {
 		StreamClosed: func(i *mcp.StreamInfo, _ error) { r.sinks.Delete(i) },
 		Pushed: func(i *mcp.StreamInfo, e mcp.PushEvent) {
 			r.update(i, e.Collection, func(c *api.SinkCollection) {
-				c.PushedVersion, c.Pending, c.LastPush = e.Version, true, time.Now()
+				c.PushedVersion, c.Pending, c.LastPush = e.Version, true, r.now()
 				if e.TypeURL != "" {
 					c.TypeURL = e.TypeURL
 				}
@@ -366,6 +366,32 @@ func (r *sinkRegistry) update(i *mcp.StreamInfo, coll string, f func(*api.SinkCo
 	f(c)
 }
 
+// judge sets the state of s and of each of its collections at now: a push unanswered
+// for staleAfter or longer is stale, and one NACKed is NACKed until a later push is
+// ACKed (a new push awaiting its answer is syncing again).
+func judge(s *api.SinkStatus, now time.Time, staleAfter time.Duration) {
+	worst := 0
+	s.BehindSince = nil
+	for _, c := range s.Collections {
+		st := 0 // api.SinkStates' index
+		switch {
+		case c.Pending && now.Sub(c.LastPush) >= staleAfter:
+			st = 2
+		case c.Pending:
+			st = 1
+		case c.LastNACK != "" && c.NACKedVersion == c.PushedVersion && c.NACKedVersion != c.AckedVersion:
+			st = 3
+		}
+		if c.Pending && (s.BehindSince == nil || c.LastPush.Before(*s.BehindSince)) {
+			t := c.LastPush
+			s.BehindSince = &t
+		}
+		c.State = api.SinkStates[st]
+		worst = max(worst, st)
+	}
+	s.State = api.SinkStates[worst]
+}
+
 // listedSink is a connected sink with its route under the running configuration.
 type listedSink struct {
 	api.SinkStatus
@@ -377,6 +403,7 @@ type listedSink struct {
 // here as it is served.
 func (r *sinkRegistry) list(comp *compiled) []listedSink {
 	var out []listedSink
+	now := r.now()
 	r.sinks.Range(func(_, v any) bool {
 		e := v.(*sinkEntry)
 		e.mu.Lock()
@@ -392,6 +419,7 @@ func (r *sinkRegistry) list(comp *compiled) []listedSink {
 		if e.info.Listener == relayListener {
 			cp.Downstream = relayed(e.info)
 		}
+		judge(&cp, now, comp.staleAfter)
 		rt := comp.route(comp.streamSink(e.info)) // as the serving router asks
 		cp.Rules, cp.Tenant = rt.sub.Rules(), rt.tenant
 		out = append(out, listedSink{cp, rt})

@@ -9,11 +9,13 @@
 //	/api/sinks                        []SinkStatus
 //	/api/conflicts                    []Conflict
 //	/api/why?collection=C&name=N      Why (C as users type it: vs, VirtualService, ...; 400 when no served kind)
+//	/api/object?collection=C[&name=N] ObjectList, or Object: what is served of C, or of one object of it (see object.go; 404: no such object)
 //	/api/kinds                        []kinds.Kind: the kinds of the hub's collections, to resolve names as the hub does
 //	/api/owners?host=H | ?namespace=N Owners
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
 //	/api/tenants                      []Tenant
+//	/api/events?since=SEQ&limit=N     Events: what happened recently (refusals, reloads, breakers, clusters, replicas)
 //	/api/state                        State: the file keeping the clusters' last-known state
 //
 // Who may read them: anyone who reaches the hub's http listener, which carries no identity
@@ -147,6 +149,10 @@ type SinkStatus struct {
 	// certificate names when the hub has a trust domain).
 	Rules []string  `json:"rules"`
 	Since time.Time `json:"since"`
+	// State is its worst collection's: NACKed, then Stale, then Syncing, else Synced.
+	State string `json:"state"`
+	// BehindSince is when the oldest push it has not answered was sent.
+	BehindSince *time.Time `json:"behindSince,omitempty"`
 	// Collections are by collection; over xDS, a type URL that resolves to no served
 	// collection (istiod's core/v1alpha1/MeshConfig) is listed by its type URL, answered
 	// with an empty state.
@@ -190,7 +196,24 @@ type SinkCollection struct {
 	NACKedVersion uint64    `json:"nackedVersion,omitempty"`
 	Resources     int       `json:"resources"`
 	LastPush      time.Time `json:"lastPush"`
+	// State is one of the Sink* states.
+	State string `json:"state"`
 }
+
+// States of a sink and of each of its collections, from best to worst.
+const (
+	// SinkSynced: it ACKed the last push.
+	SinkSynced = "Synced"
+	// SinkSyncing: a push awaits its answer, for less than the hub's sinkStaleAfter.
+	SinkSyncing = "Syncing"
+	// SinkStale: a push has awaited its answer for sinkStaleAfter or longer.
+	SinkStale = "Stale"
+	// SinkNACKed: it NACKed the last push (the reason is the collection's LastNACK).
+	SinkNACKed = "NACKed"
+)
+
+// SinkStates lists the states from best to worst.
+var SinkStates = []string{SinkSynced, SinkSyncing, SinkStale, SinkNACKed}
 
 // Conflict is one collection/name published by several clusters.
 type Conflict struct {
