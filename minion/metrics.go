@@ -1,7 +1,12 @@
 package minion
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshfed/meshfed/internal/procmetrics"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Metrics are the minion's Prometheus metrics. A nil *Metrics records nothing.
@@ -13,7 +18,10 @@ type Metrics struct {
 	connected     *prometheus.GaugeVec
 	connects      *prometheus.CounterVec
 	reloads       *prometheus.CounterVec
+	reloadOK      prometheus.Gauge
+	reloadOKAt    prometheus.Gauge
 	resyncs       *prometheus.CounterVec
+	certs         *procmetrics.Certificates
 }
 
 // NewMetrics creates the minion's metrics and registers them with reg.
@@ -37,7 +45,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "resyncs_skipped_total",
 		Help: "Informer resyncs of unchanged objects, skipped without converting or publishing, by collection."}, []string{"collection"})
-	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.reloads, m.resyncs)
+	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_successful",
+		Help: "1 if the last change of the configuration file was applied (or there was none since the start), 0 if it was refused."})
+	m.reloadOKAt = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_success_timestamp_seconds",
+		Help: "When the running configuration was applied (the start, or the last change applied), Unix seconds."})
+	// The configuration the minion starts with is its first successful load (it does not
+	// start without one), as Prometheus counts its own.
+	m.reloadOK.Set(1)
+	m.reloadOKAt.Set(float64(time.Now().Unix()))
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.reloads, m.resyncs, m.reloadOK, m.reloadOKAt)
+	m.certs = procmetrics.Register(reg)
 	return m
 }
 
@@ -84,11 +101,29 @@ func (m *Metrics) connect(addr, result string) {
 	m.connects.WithLabelValues(addr, result).Inc()
 }
 
+// reload counts a change of the configuration file by result, "applied" or "refused"; a
+// refused one leaves the time of the last success as it was.
 func (m *Metrics) reload(result string) {
 	if m == nil {
 		return
 	}
 	m.reloads.WithLabelValues(result).Inc()
+	if result != "applied" {
+		m.reloadOK.Set(0)
+		return
+	}
+	m.reloadOK.Set(1)
+	m.reloadOKAt.Set(float64(time.Now().Unix()))
+}
+
+// certificates are the ones the running configuration uses: its identity's and its
+// relay's (nil: none).
+func (m *Metrics) certificates(identity, relay *meshtls.Source) {
+	if m == nil {
+		return
+	}
+	m.certs.Identity(identity)
+	m.certs.Relay(relay)
 }
 
 func (m *Metrics) resync(collection string) {

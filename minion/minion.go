@@ -110,6 +110,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		}
 		m.log.Warn("DEVELOPMENT CA: issued this minion's certificate from the hub's development CA; never in production", "identity", id)
 	}
+	var identity *meshtls.Source
 	if tlsFiles.Cert != "" {
 		ts, err := meshtls.NewSource(tlsFiles, m.log)
 		if err != nil {
@@ -121,7 +122,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		}
 		m.clientCreds = credentials.NewTLS(ts.ClientConfig(serverName))
 		m.serverCreds = credentials.NewTLS(ts.ServerConfig())
-		m.tlsOn = true
+		m.tlsOn, identity = true, ts
 	}
 	m.cache = mcp.NewCache(colls...)
 	names := make([]string, 0, len(cfg.Sources))
@@ -172,6 +173,11 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 	if err != nil {
 		return nil, err
 	}
+	var relayCert *meshtls.Source
+	if m.relay != nil {
+		relayCert = m.relay.cert
+	}
+	m.metrics.certificates(identity, relayCert) // once nothing can refuse the configuration
 	return m, nil
 }
 

@@ -69,6 +69,7 @@ type Relay struct {
 	sink  *mcp.Sink
 	db    *bolt.DB // nil without a state file
 	creds credentials.TransportCredentials
+	cert  *meshtls.Source // what creds serve (nil: plaintext), for its expiry metric
 	addr  atomic.Pointer[string]
 	mm    *mcp.Metrics
 
@@ -97,7 +98,7 @@ func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Log
 		if err != nil {
 			return nil, fmt.Errorf("relay.tls: %w", err)
 		}
-		r.creds = credentials.NewTLS(ts.ServerOnlyConfig())
+		r.creds, r.cert = credentials.NewTLS(ts.ServerOnlyConfig()), ts
 	}
 	var err error
 	r.sink, err = mcp.NewSink(mcp.SinkOptions{
