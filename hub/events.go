@@ -91,6 +91,15 @@ func (j *journal) forget(keep func(tenant string) bool) {
 	}
 }
 
+// Events returns the kept events after since, as the vendor's operators see them.
+func (h *Hub) Events(since uint64) api.Events {
+	return h.events.since(vendor(h.current().comp), since, 0)
+}
+
+// Note records an event a layer saw (the replica layer: replicas joining and leaving, a
+// cluster's authority moving); see note.
+func (h *Hub) Note(e api.Event) { h.note(e) }
+
 // note records e, of the cluster's tenant when it names a cluster and no tenant.
 func (h *Hub) note(e api.Event) {
 	if e.Tenant == "" && e.Cluster != "" {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/replicas/membership"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -97,6 +98,7 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 		}
 	}
 	l.metrics.view(len(m.Replicas()), held, followed, names)
+	l.noteChangesLocked(m.Replicas(), auth)
 	l.following = map[string]string{}
 	for name, c := range l.clusters {
 		switch f := c.follow; {
@@ -229,4 +231,32 @@ func rendezvous(replica, key string) uint64 {
 	f := fnv.New64a()
 	_, _ = f.Write([]byte(replica + "\x00" + key))
 	return f.Sum64()
+}
+
+// noteChangesLocked records, as the hub's events, the replicas that joined or left and the
+// clusters whose authority moved since the last reconcile.
+func (l *Layer) noteChangesLocked(rs []membership.Replica, auth map[string]membership.Authority) {
+	now := map[string]bool{}
+	for _, r := range rs {
+		now[r.Name] = true
+		if l.seen.replicas != nil && !l.seen.replicas[r.Name] {
+			l.h.Note(api.Event{Kind: api.EventReplica, Reason: api.ReasonJoined, Message: fmt.Sprintf("replica %s joined (MCP %s)", r.Name, r.MCPAddr)})
+		}
+	}
+	for name := range l.seen.replicas {
+		if !now[name] {
+			l.h.Note(api.Event{Kind: api.EventReplica, Reason: api.ReasonLeft, Message: fmt.Sprintf("replica %s left or died", name)})
+		}
+	}
+	for cluster, a := range auth {
+		if was, ok := l.seen.auth[cluster]; ok && was != a.Replica {
+			// No Cluster: which replica holds a cluster is the vendor's, not its tenant's.
+			l.h.Note(api.Event{Kind: api.EventReplica, Reason: api.ReasonAuthority,
+				Message: fmt.Sprintf("cluster %s is now held by replica %s (epoch %d), was %s", cluster, a.Replica, a.Epoch, was)})
+		}
+	}
+	l.seen.replicas, l.seen.auth = now, map[string]string{}
+	for cluster, a := range auth {
+		l.seen.auth[cluster] = a.Replica
+	}
 }

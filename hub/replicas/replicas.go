@@ -56,6 +56,10 @@ type Layer struct {
 	follows   map[*hub.Session]*follow // the sessions of the follows' streams
 	runs      map[string]bool          // dial-out tasks this replica runs
 	following map[string]string        // cluster -> what this replica follows it from
+	seen      struct {                 // the membership at the last reconcile, for its events
+		replicas map[string]bool   // nil before the first
+		auth     map[string]string // cluster -> replica holding it
+	}
 }
 
 // clusterRep is what this replica knows of one cluster's sessions here.

@@ -17,6 +17,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/replicas/membership"
 	"github.com/meshfed/meshfed/mcp"
 )
@@ -493,5 +494,36 @@ func TestRemovedClusterReleased(t *testing.T) {
 	defer tl.mu.Unlock()
 	if _, ok := tl.clusters["east"]; ok {
 		t.Error("the removed cluster's state outlives its last session")
+	}
+}
+
+// Replicas joining and leaving, and a cluster's authority moving, are the hub's events,
+// and the vendor's only: which replica holds a cluster names no tenant.
+func TestMembershipChangesAreEvents(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	tl.fm.set("a", "east", 1)
+	tl.reconcile() // the first view: nothing changed yet
+	tl.fm.mu.Lock()
+	tl.fm.addrs["b"] = "127.0.0.1:2"
+	tl.fm.mu.Unlock()
+	tl.fm.set("a", "east", 0)
+	tl.fm.set("b", "east", 2)
+	tl.reconcile()
+	tl.fm.mu.Lock()
+	delete(tl.fm.addrs, "a")
+	tl.fm.mu.Unlock()
+	tl.reconcile()
+	var got []string
+	for _, e := range tl.h.Events(0).Events {
+		if e.Kind == api.EventReplica {
+			if e.Tenant != "" || e.Cluster != "" {
+				t.Errorf("a replica event is a tenant's: %+v", e)
+			}
+			got = append(got, e.Reason+": "+e.Message)
+		}
+	}
+	want := []string{"joined: replica b joined (MCP 127.0.0.1:2)", "authority: cluster east is now held by replica b (epoch 2), was a", "left: replica a left or died"}
+	if !slices.Equal(got, want) {
+		t.Errorf("replica events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
