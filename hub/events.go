@@ -107,6 +107,7 @@ func (h *Hub) note(e api.Event) {
 	}
 	e.Time = h.now()
 	h.events.add(e)
+	h.metrics.event(e) // the events that have a metric: refusals by reason
 }
 
 // serveEvents is GET /api/events?since=SEQ&limit=N.

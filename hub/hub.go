@@ -127,6 +127,7 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		return nil, err
 	}
 	h.sinks = &sinkRegistry{now: h.now}
+	reg.MustRegister(newStateCollector(h))
 	h.events = newJournal()
 	h.source, err = mcp.NewSource(mcp.SourceOptions{Watcher: router{h}, MaxMessageSize: cfg.MaxMessageSize, Logger: log, Metrics: h.mcpMetrics,
 		Hooks: h.sinks.hooks()})
@@ -171,6 +172,7 @@ func (h *Hub) setupTLS() error {
 			h.log.Warn("TLS handshake refused", "reason", reason, "peer", addr, "err", err, "suppressed", suppressed)
 		}
 	}
+	h.metrics.certificates(ts)
 	h.serverOnlyCreds = meshtls.ServerCredentials(ts.ServerOnlyConfig(), onReject)
 	h.creds = meshtls.ServerCredentials(ts.ServerConfig(), onReject)
 	if h.cfg.AdminTLS != "" {

@@ -5,6 +5,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/procmetrics"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Metrics are the hub's Prometheus metrics. A nil *Metrics records nothing.
@@ -13,8 +17,12 @@ type Metrics struct {
 	clusterUp      *prometheus.GaugeVec
 	resourcesGauge *prometheus.GaugeVec
 	rejections     *prometheus.CounterVec
+	refusals       *prometheus.CounterVec
 	viewsGauge     prometheus.Gauge
 	reloads        *prometheus.CounterVec
+	reloadOK       prometheus.Gauge
+	reloadOKAt     prometheus.Gauge
+	certs          *procmetrics.Certificates
 	conflictsGauge prometheus.Gauge
 	tlsRejections  *prometheus.CounterVec
 	breakerOpen    *prometheus.GaugeVec
@@ -45,12 +53,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		resourcesGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_resources",
 			Help: "Accepted resources a cluster holds, by collection."}, []string{"cluster", "collection"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rejections_total",
-			Help: "Resources rejected (ownership, validation) or losing a conflict, by cluster and collection."}, []string{"cluster", "collection"}),
+			Help: "Resources rejected (ownership, validation, quota) or losing a conflict, by cluster and collection (the refusals of meshfed_hub_refusals_total, by collection instead of reason)."}, []string{"cluster", "collection"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "refusals_total",
+			Help: "Objects a cluster pushed that are not served, by cluster and reason (not_owned, invalid, over_quota, conflict): the refusal events of /api/events."}, []string{"cluster", "reason"}),
 		viewsGauge: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "views",
 			Help: "Distinct routing subsets currently served (one shared view each)."}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
 			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_successful",
+			Help: "1 if the last change of the configuration file was applied (or there was none since the start), 0 if it was refused: the hub runs an older configuration than the file."}),
+		reloadOKAt: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_success_timestamp_seconds",
+			Help: "When the running configuration was applied (the start, or the last change applied), Unix seconds."}),
 	}
+	// The configuration the hub is built with is its first successful load (it does not
+	// start without one), as Prometheus counts its own.
+	m.reloadOK.Set(1)
+	m.reloadOKAt.Set(float64(time.Now().Unix()))
 	m.conflictsGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "conflicts",
 		Help: "Collection/names published by more than one cluster (one served, the others held)."})
 	m.tlsRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_rejections_total",
@@ -80,6 +98,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.tenantNames = map[string]bool{}
 	reg.MustRegister(m.tenantStreamsGauge, m.tenantStreamsRefused, m.tenantObjects, m.tenantBytes, m.tenantPushesDelayed, m.tenantPushDelay)
 	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
+	reg.MustRegister(m.refusals, m.reloadOK, m.reloadOKAt)
+	m.certs = procmetrics.Register(reg)
 	return m
 }
 
@@ -92,6 +112,11 @@ func (m *Metrics) connected(cluster string, up bool) {
 		v = 1
 	}
 	m.clusterUp.WithLabelValues(cluster).Set(v)
+	// Every reason's series exists from the cluster's first stream: the first refusal of a
+	// kind is then an increase, which rate() and increase() see.
+	for _, reason := range api.RefusalReasons {
+		m.refusals.WithLabelValues(cluster, reason)
+	}
 }
 
 func (m *Metrics) resources(cluster, collection string, n int) {
@@ -115,11 +140,36 @@ func (m *Metrics) views(n int) {
 	m.viewsGauge.Set(float64(n))
 }
 
+// reload counts a change of the configuration file by result, "applied" or "refused"; a
+// refused one leaves the time of the last success as it was.
 func (m *Metrics) reload(result string) {
 	if m == nil {
 		return
 	}
 	m.reloads.WithLabelValues(result).Inc()
+	if result != "applied" {
+		m.reloadOK.Set(0)
+		return
+	}
+	m.reloadOK.Set(1)
+	m.reloadOKAt.Set(float64(time.Now().Unix()))
+}
+
+// event counts what the hub notes (note) that has a metric: refusals, by reason class.
+func (m *Metrics) event(e api.Event) {
+	if m == nil || e.Kind != api.EventRefusal {
+		return
+	}
+	m.refusals.WithLabelValues(e.Cluster, e.Reason).Inc()
+}
+
+// certificates are the hub's TLS credentials: its certificate and trust bundle, the
+// configured files' or the development CA's.
+func (m *Metrics) certificates(src *meshtls.Source) {
+	if m == nil {
+		return
+	}
+	m.certs.Identity(src)
 }
 
 func (m *Metrics) conflicts(n int) {
@@ -170,6 +220,7 @@ func (m *Metrics) forgetCluster(cluster string) {
 	m.clusterUp.DeleteLabelValues(cluster)
 	m.resourcesGauge.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
 	m.rejections.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
+	m.refusals.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
 	m.breakerOpen.DeleteLabelValues(cluster)
 	m.deletionsHeld.DeleteLabelValues(cluster)
 	m.breakerTrips.DeleteLabelValues(cluster)

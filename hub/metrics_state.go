@@ -1,0 +1,99 @@
+package hub
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshfed/meshfed/hub/api"
+)
+
+// stateCollector reports, at scrape time, what the hub's state already says: whether each
+// configured cluster has synced, and the connected sinks by fleet and state. Reading it
+// when scraped, rather than keeping gauges up to date on every push and ACK, costs one walk
+// over the clusters and the sinks per scrape and nothing on the serving path.
+//
+// A fleet is the sinks of one tenant that the same routing rules select (they receive the
+// same objects): its label is the rules' names joined by commas (api.FleetKey's rules). The
+// series are bounded by the combinations of configured rules that connected sinks match,
+// not by the sinks.
+type stateCollector struct {
+	h                                      *Hub
+	clusterSynced, fleetSinks, fleetBehind *prometheus.Desc
+}
+
+func newStateCollector(h *Hub) *stateCollector {
+	const ns, sub = "meshfed", "hub"
+	return &stateCollector{h: h,
+		clusterSynced: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "cluster_synced"),
+			"1 once a stream has delivered every collection of a configured cluster since the hub started (or the cluster was added), 0 until then: the clusters the warm-up waits for.",
+			[]string{"cluster"}, nil),
+		fleetSinks: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "fleet_sinks"),
+			"Connected sinks by tenant, fleet (the routing rules that select them, joined by commas; (none): no rule) and state (Synced, Syncing: a push unanswered for less than sinkStaleAfter, Stale: for longer, NACKed: its last answer to a collection's latest push was a NACK).",
+			[]string{"tenant", "fleet", "state"}, nil),
+		fleetBehind: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "fleet_oldest_unacked_seconds"),
+			"How long the fleet's oldest unanswered push has waited for its ACK or NACK, in seconds (0: every push answered).",
+			[]string{"tenant", "fleet"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.clusterSynced
+	ch <- c.fleetSinks
+	ch <- c.fleetBehind
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, cs := range c.h.clusterList() {
+		cs.mu.Lock()
+		synced, removed := cs.synced, cs.removed
+		cs.mu.Unlock()
+		if !removed {
+			ch <- prometheus.MustNewConstMetric(c.clusterSynced, prometheus.GaugeValue, boolValue(synced), cs.name)
+		}
+	}
+	type fleetKey struct{ tenant, rules string }
+	type fleetStats struct {
+		states map[string]int
+		oldest float64 // seconds
+	}
+	now := c.h.sinks.now() // the clock the sinks' states are judged by
+	fleets := map[fleetKey]*fleetStats{}
+	for _, s := range c.h.sinks.list(c.h.current().comp) {
+		k := fleetKey{labelOrNone(s.Tenant), labelOrNone(strings.Join(s.Rules, ","))}
+		f := fleets[k]
+		if f == nil {
+			f = &fleetStats{states: map[string]int{}}
+			fleets[k] = f
+		}
+		f.states[s.State]++
+		if s.BehindSince != nil {
+			f.oldest = max(f.oldest, now.Sub(*s.BehindSince).Seconds())
+		}
+	}
+	for k, f := range fleets {
+		// Every state of a fleet has a series, 0 included: an alert on one state sees it
+		// clear, and a panel stacks the same states for every fleet.
+		for _, state := range api.SinkStates {
+			ch <- prometheus.MustNewConstMetric(c.fleetSinks, prometheus.GaugeValue, float64(f.states[state]), k.tenant, k.rules, state)
+		}
+		ch <- prometheus.MustNewConstMetric(c.fleetBehind, prometheus.GaugeValue, f.oldest, k.tenant, k.rules)
+	}
+}
+
+// labelOrNone is s, or noTenant's "(none)" for an empty label (which Prometheus would drop).
+func labelOrNone(s string) string {
+	if s == "" {
+		return noTenant
+	}
+	return s
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
