@@ -252,7 +252,8 @@ func (h *Hub) httpHandler() *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/api/clusters", func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, h.clusterStatuses(h.viewerOf(r))) })
-	mux.HandleFunc("/api/sinks", func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, h.sinkList(h.viewerOf(r))) })
+	mux.HandleFunc("/api/sinks", h.serveSinks)
+	h.dashboardRoutes(mux) // the page at /, and its summaries (http_dashboard.go)
 	mux.HandleFunc("/api/tenants", func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, h.tenants(h.viewerOf(r))) })
 	mux.HandleFunc("/api/why", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/meshfed/meshfed/hub/dashboard"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
@@ -56,7 +57,7 @@ func (h *Hub) viewerOf(r *http.Request) viewer {
 
 // tenantPaths are what a tenant's operator may ask: the answers filtered to its tenant.
 // Everything else (metrics, state, replicas, pprof) is the vendor's.
-var tenantPaths = []string{"/api/clusters", "/api/sinks", "/api/why", "/api/owners", "/api/dryrun", "/api/conflicts", "/api/kinds", "/api/tenants", "/api/events"}
+var tenantPaths = []string{"/api/clusters", "/api/sinks", "/api/why", "/api/owners", "/api/dryrun", "/api/conflicts", "/api/kinds", "/api/tenants", "/api/events", "/api/overview", "/api/refusals", "/api/whoami", "/"}
 
 // viaAdminTLS serves next as the adminTLS listener: its requests carry a client
 // certificate that the handshake verified against the hub's bundle (meshtls refuses any
@@ -115,5 +116,5 @@ func tenantPath(path string) bool {
 			return true
 		}
 	}
-	return strings.HasPrefix(path, "/api/clusters/")
+	return strings.HasPrefix(path, "/api/clusters/") || strings.HasPrefix(path, dashboard.Prefix)
 }
