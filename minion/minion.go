@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/procmetrics"
 	"github.com/meshfed/meshfed/mcp"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
@@ -74,8 +75,7 @@ type Telemetry struct {
 // NewTelemetry creates a registry with the minion's and the engine's metrics and the Go
 // and process collectors.
 func NewTelemetry() *Telemetry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	reg := procmetrics.NewRegistry()
 	return &Telemetry{Registry: reg, Metrics: NewMetrics(reg), MCP: mcp.NewMetrics(reg)}
 }
 

@@ -1,8 +1,9 @@
 // Package procmetrics holds the metrics every meshfed program exports whatever its role:
-// which build is running (meshfed_build_info) and when the TLS certificates it presents and
-// trusts expire (meshfed_tls_certificate_expiry_timestamp_seconds). The hub and the minion
-// register them next to their own metrics, so that one dashboard and one set of alerts read
-// both the same way.
+// the Go runtime's and the process's (NewRegistry), which build is running
+// (meshfed_build_info) and when the TLS certificates it presents and trusts expire
+// (meshfed_tls_certificate_expiry_timestamp_seconds). The hub and the minion register them
+// next to their own metrics, so that one dashboard and one set of alerts read both the same
+// way.
 //
 // It is not a place for what only one of them measures: those metrics live in the hub's
 // and the minion's metrics.go.
@@ -13,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/meshfed/meshfed/internal/buildinfo"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -29,6 +31,15 @@ const (
 	// RoleRelay is the minion relay's serving certificate (what its cluster's istiod checks).
 	RoleRelay = "relay"
 )
+
+// NewRegistry returns a registry for a program's /metrics with the Go runtime's and the
+// process's collectors (go_*, process_*: CPU, memory, file descriptors), which the
+// dashboard reads.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
 
 // Register registers meshfed_build_info (read once: the build does not change while it
 // runs) and an empty certificate expiry collector with reg, and returns the collector.

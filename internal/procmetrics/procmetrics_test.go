@@ -61,3 +61,20 @@ func TestRegister(t *testing.T) {
 	var none *Certificates
 	none.Identity(nil) // a nil collector records nothing, without panicking
 }
+
+// The registry a program serves has the Go runtime's and the process's metrics.
+func TestNewRegistry(t *testing.T) {
+	fams, err := NewRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range fams {
+		have[f.GetName()] = true
+	}
+	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", "process_resident_memory_bytes"} {
+		if !have[name] {
+			t.Errorf("no %s", name)
+		}
+	}
+}
