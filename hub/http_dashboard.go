@@ -58,8 +58,11 @@ func (h *Hub) overview(v viewer) api.Overview {
 	}
 	o.Conflicts = len(h.store.conflicts(v))
 	fleets := map[string]*api.Fleet{}
-	for _, s := range h.sinkList(v) {
-		key := api.FleetKey(s.Tenant, s.Rules)
+	h.sinks.each(v.comp, func(_ *sinkEntry, s listedSink) {
+		if !v.seesRoute(s.route) {
+			return
+		}
+		key := s.route.key() // = api.FleetKey(s.Tenant, s.Rules)
 		f := fleets[key]
 		if f == nil {
 			f = &api.Fleet{Key: key, Tenant: s.Tenant, Rules: orEmpty(s.Rules)}
@@ -70,7 +73,7 @@ func (h *Hub) overview(v viewer) api.Overview {
 		if s.BehindSince != nil && (f.OldestBehind == nil || s.BehindSince.Before(*f.OldestBehind)) {
 			f.OldestBehind = s.BehindSince
 		}
-	}
+	})
 	for _, f := range fleets {
 		o.Fleets = append(o.Fleets, *f)
 	}
@@ -209,8 +212,8 @@ func (p page) window(n int) (from, to int) {
 }
 
 // matches reports whether s is selected by q.
-func (q sinkQuery) matches(s api.SinkStatus) bool {
-	if q.fleet != "" && api.FleetKey(s.Tenant, s.Rules) != q.fleet || q.state != "" && s.State != q.state {
+func (q sinkQuery) matches(s listedSink) bool {
+	if q.fleet != "" && s.route.key() != q.fleet || q.state != "" && s.State != q.state {
 		return false
 	}
 	if q.q == "" {
@@ -224,16 +227,24 @@ func (q sinkQuery) matches(s api.SinkStatus) bool {
 	return false
 }
 
-// sinkPage is the page of v's sinks that q selects.
+// sinkPage is the page of v's sinks that q selects. Of the sinks it selects it keeps only
+// their entries, and lists only the page's: with 10,000 sinks, a page costs no copy of
+// them all.
 func (h *Hub) sinkPage(v viewer, q sinkQuery) api.SinkPage {
-	var sel []api.SinkStatus
-	for _, s := range h.sinkList(v) {
-		if q.matches(s) {
-			sel = append(sel, s)
+	var sel []*sinkEntry
+	h.sinks.each(v.comp, func(e *sinkEntry, s listedSink) {
+		if v.seesRoute(s.route) && q.matches(s) {
+			sel = append(sel, e)
 		}
-	}
+	})
+	sort.Slice(sel, func(i, j int) bool { return sel[i].info.ID < sel[j].info.ID })
 	from, to := q.window(len(sel))
-	return api.SinkPage{Total: len(sel), Offset: q.offset, Limit: q.limit, Sinks: orNone(sel[from:to])}
+	p := api.SinkPage{Total: len(sel), Offset: q.offset, Limit: q.limit, Sinks: []api.SinkStatus{}}
+	now := h.sinks.now()
+	for _, e := range sel[from:to] {
+		p.Sinks = append(p.Sinks, e.listed(v.comp, now).SinkStatus)
+	}
+	return p
 }
 
 // refusalQuery selects refusals: those of cluster ("" for every one), whose cluster,

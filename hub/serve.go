@@ -403,28 +403,39 @@ type listedSink struct {
 // here as it is served.
 func (r *sinkRegistry) list(comp *compiled) []listedSink {
 	var out []listedSink
+	r.each(comp, func(e *sinkEntry, s listedSink) { out = append(out, s) })
+	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
+	return out
+}
+
+// each calls f with every connected sink as list lists it, in no order: a caller that
+// keeps few of them (the dashboard's counts and pages) keeps no copy of the rest.
+func (r *sinkRegistry) each(comp *compiled, f func(*sinkEntry, listedSink)) {
 	now := r.now()
 	r.sinks.Range(func(_, v any) bool {
 		e := v.(*sinkEntry)
-		e.mu.Lock()
-		cp := e.st
-		cp.Collections = make(map[string]*api.SinkCollection, len(e.st.Collections))
-		for k, c := range e.st.Collections {
-			c := *c
-			cp.Collections[k] = &c
-		}
-		e.mu.Unlock()
-		n := e.info.Node()
-		cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
-		if e.info.Listener == relayListener {
-			cp.Downstream = relayed(e.info)
-		}
-		judge(&cp, now, comp.staleAfter)
-		rt := comp.route(comp.streamSink(e.info)) // as the serving router asks
-		cp.Rules, cp.Tenant = rt.sub.Rules(), rt.tenant
-		out = append(out, listedSink{cp, rt})
+		f(e, e.listed(comp, now))
 		return true
 	})
-	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
-	return out
+}
+
+// listed is the sink as list lists it, under comp, judged at now.
+func (e *sinkEntry) listed(comp *compiled, now time.Time) listedSink {
+	e.mu.Lock()
+	cp := e.st
+	cp.Collections = make(map[string]*api.SinkCollection, len(e.st.Collections))
+	for k, c := range e.st.Collections {
+		c := *c
+		cp.Collections[k] = &c
+	}
+	e.mu.Unlock()
+	n := e.info.Node()
+	cp.NodeID, cp.Annotations = n.GetId(), n.GetAnnotations()
+	if e.info.Listener == relayListener {
+		cp.Downstream = relayed(e.info)
+	}
+	judge(&cp, now, comp.staleAfter)
+	rt := comp.route(comp.streamSink(e.info)) // as the serving router asks
+	cp.Rules, cp.Tenant = rt.sub.Rules(), rt.tenant
+	return listedSink{cp, rt}
 }
