@@ -160,6 +160,7 @@ func (h *Hub) dryRun(v viewer, identity, nodeID string, annotations map[string]s
 		return v.sees(r) && comp.configured(r.cluster) && comp.check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
 	})
 	d.Candidate, d.Rules, d.Tenant = true, rt.sub.Rules(), rt.tenant
+	d.NeedsRestart = restartFields(h.cfg, candidate) // as Reload would refuse it
 	if !v.isVendor() && rt.tenant != v.tenant {
 		d.Tenant = "" // another tenant's, under the candidate: not this operator's to know which
 	}
@@ -268,6 +269,7 @@ func (h *Hub) httpHandler() *http.ServeMux {
 		}
 		WriteJSON(w, h.why(h.viewerOf(r), coll, q.Get("name")))
 	})
+	mux.HandleFunc("/api/object", h.serveObject)
 	mux.HandleFunc("/api/events", h.serveEvents)
 	mux.HandleFunc("/api/state", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.stateStatus()) })
 	mux.HandleFunc("/api/kinds", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.servedKinds()) })

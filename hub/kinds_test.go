@@ -146,11 +146,11 @@ func TestWhyResolvesTypedCollections(t *testing.T) {
 	}
 	// subscribe resolves its -collections against the kinds the hub serves (/api/kinds).
 	if err := admin.Run(context.Background(), []string{"subscribe", "-admin", addr, "-collections", "vs,vss"}, io.Discard); err == nil ||
-		!strings.Contains(err.Error(), `-collections[1]: unknown collection "vss": known: `) || !strings.Contains(err.Error(), "example/widgets (Widget, wd)") {
+		!strings.Contains(err.Error(), `--collections[1]: unknown collection "vss": known: `) || !strings.Contains(err.Error(), "example/widgets (Widget, wd)") {
 		t.Errorf("subscribe vss: %v", err)
 	}
 	if err := admin.Run(context.Background(), []string{"subscribe", "-admin", addr, "-collections", "wd,dr"}, io.Discard); err == nil ||
-		err.Error() != "-collections[1]: istio/networking/v1alpha3/destinationrules is not one of the hub's collections" {
+		err.Error() != "--collections[1]: istio/networking/v1alpha3/destinationrules is not one of the hub's collections" {
 		t.Errorf("subscribe dr: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -27,8 +28,22 @@ type ReloadResult struct {
 	Views int
 }
 
-// restartOnly are the fields a reload cannot change: they shape listeners and streams.
+// restartOnly refuses a change of a field a reload cannot apply (see restartFields).
 func restartOnly(old, next *Config) error {
+	switch f := restartFields(old, next); len(f) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%s: changing it needs a restart of the hub; the running configuration stays", f[0])
+	default:
+		return fmt.Errorf("%s: changing them needs a restart of the hub; the running configuration stays", strings.Join(f, ", "))
+	}
+}
+
+// restartFields are the fields next changes that a reload cannot: they shape listeners and
+// streams. Reload refuses such a change whole; a dry run of a candidate names them.
+func restartFields(old, next *Config) []string {
+	var changed []string
 	for _, f := range []struct {
 		name string
 		a, b any
@@ -41,10 +56,10 @@ func restartOnly(old, next *Config) error {
 		{"replicas", old.Replicas, next.Replicas},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {
-			return fmt.Errorf("%s: changing it needs a restart of the hub; the running configuration stays", f.name)
+			changed = append(changed, f.name)
 		}
 	}
-	return nil
+	return changed
 }
 
 // Reload applies a new configuration without a restart: clusters, ownership, shared

@@ -57,7 +57,7 @@ func (h *Hub) viewerOf(r *http.Request) viewer {
 
 // tenantPaths are what a tenant's operator may ask: the answers filtered to its tenant.
 // Everything else (metrics, state, replicas, pprof) is the vendor's.
-var tenantPaths = []string{"/api/clusters", "/api/sinks", "/api/why", "/api/owners", "/api/dryrun", "/api/conflicts", "/api/kinds", "/api/tenants", "/api/events", "/api/overview", "/api/refusals", "/api/whoami", "/"}
+var tenantPaths = []string{"/api/clusters", "/api/sinks", "/api/why", "/api/object", "/api/owners", "/api/dryrun", "/api/conflicts", "/api/kinds", "/api/tenants", "/api/events", "/api/overview", "/api/refusals", "/api/whoami", "/"}
 
 // viaAdminTLS serves next as the adminTLS listener: its requests carry a client
 // certificate that the handshake verified against the hub's bundle (meshtls refuses any

@@ -1,15 +1,14 @@
-// Command hub runs meshfed's central control plane; `hub status`, `hub why` and `hub
-// whatif` ask a running one, `hub breaker release` asks it, as an operator, to apply the
-// deletions a cluster's breaker holds, `hub certs issue` issues certificates from its
-// development CA and `hub subscribe` prints what it serves (see package hub/admin). With
-// no -config it runs hub.DefaultConfig: its development CA and the clusters' kept state in
-// .meshfed/hub, mutual TLS on 127.0.0.1 (ingest :9901, serve :9900, admin :9990, adminTLS
-// :9991), one cluster "dev" owning everything, every sink receiving everything.
+// Command hub runs meshfed's central control plane, and is the operator's command line for
+// a running one (package hub/admin: status, get, why, whatif, breaker release, certs issue,
+// subscribe), `hub validate` for a configuration file, `hub version` and `hub completion`.
+// With no command and no --config it runs hub.DefaultConfig: its development CA and the
+// clusters' kept state in .meshfed/hub, mutual TLS on 127.0.0.1 (ingest :9901, serve :9900,
+// admin :9990, adminTLS :9991), one cluster "dev" owning everything, every sink receiving
+// everything. A word that is no command is an error: nothing starts.
 package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -18,59 +17,77 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/hub/replicas"
-	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/cli"
 )
 
 func main() {
-	if len(os.Args) > 1 && admin.IsCommand(os.Args[1]) {
-		// Operator commands: status, why, whatif, breaker release (the admin API), certs
-		// issue, subscribe.
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		if err := admin.Run(ctx, os.Args[1:], os.Stdout); err != nil {
-			fmt.Fprintf(os.Stderr, "hub %s: %v\n", os.Args[1], err)
-			os.Exit(1)
-		}
-		return
-	}
-	config := flag.String("config", "", "configuration file (YAML)")
-	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
-	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Execute(ctx, newRoot(), os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
 
-	log, err := ops.Logger(os.Stderr, *level)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "hub: -log-level: %v\n", err)
-		os.Exit(2)
+// newRoot is the hub's command tree: the root runs the hub.
+func newRoot() *cobra.Command {
+	var config string
+	var logs cli.LogFlags
+	root := &cobra.Command{
+		Use:   "hub",
+		Short: "meshfed's hub: federates Istio configuration from many clusters to many sinks",
+		Long: `hub with no command runs the hub (until Ctrl-C): with --config FILE that file (reloaded when
+it changes), else the development configuration: its own CA and state in .meshfed/hub, mutual
+TLS on 127.0.0.1 (ingest :9901, serve :9900, admin :9990, adminTLS :9991), one cluster "dev"
+owning everything, every sink receiving everything.
+
+The other commands ask a running hub over its admin API (status, get, why, whatif, breaker),
+issue certificates from its development CA (certs), subscribe as a sink (subscribe), or check
+a configuration file offline (validate).`,
+		Example: "  hub                          # the development hub\n  hub --config hub.yaml --log-format text\n  hub status\n  hub get vs shop/cart -o yaml",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logs.Logger(cmd, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), config, log)
+		},
 	}
+	root.Flags().StringVar(&config, "config", "", "configuration file (YAML); watched, and a valid change applied without a restart")
+	logs.Add(root)
+	root.AddCommand(admin.Commands()...)
+	root.AddCommand(validateCommand(), cli.VersionCommand())
+	return root
+}
+
+// run runs the hub until ctx ends: on the configuration file at path, or the development
+// configuration without one.
+func run(ctx context.Context, path string, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	cfg := hub.DefaultConfig()
-	if *config != "" {
-		if cfg, err = hub.LoadConfig(*config); err != nil {
-			log.Error("hub not started", "err", err)
-			os.Exit(2)
+	if path != "" {
+		var err error
+		if cfg, err = hub.LoadConfig(path); err != nil {
+			return &cli.ExitError{Code: 2, Err: fmt.Errorf("hub not started: %w", err)}
 		}
 	}
 	h, err := build(cfg, log, reg)
 	if err != nil {
-		log.Error("hub not started", "err", err)
-		os.Exit(2)
+		return &cli.ExitError{Code: 2, Err: fmt.Errorf("hub not started: %w", err)}
 	}
-	if *config != "" {
-		err = h.RunWithReload(ctx, *config) // valid changes of the file apply without a restart
+	if path != "" {
+		err = h.RunWithReload(ctx, path) // valid changes of the file apply without a restart
 	} else {
 		err = h.Run(ctx)
 	}
 	if err != nil {
-		log.Error("hub stopped", "err", err)
-		os.Exit(1)
+		return fmt.Errorf("hub stopped: %w", err)
 	}
+	return nil
 }
 
 // build makes the hub cfg describes: the single-hub core, with the replica layer plugged in

@@ -297,6 +297,10 @@ type DryRun struct {
 	Added     map[string][]string `json:"added,omitempty"`
 	Removed   map[string][]string `json:"removed,omitempty"`
 	Changed   map[string][]string `json:"changed,omitempty"`
+	// NeedsRestart, for a candidate, names the changed fields a reload cannot apply (they
+	// shape listeners and streams): a reload of the file refuses it whole and keeps the
+	// running configuration, as the hub's reload decides it.
+	NeedsRestart []string `json:"needsRestart,omitempty"`
 }
 
 // Owners answers "who owns host X" and "what does namespace N belong to".

@@ -274,12 +274,27 @@ func LoadFile[T any](path string, parse func([]byte) (T, error)) (T, error) {
 
 // Logger returns the programs' structured (JSON) logger writing to w at level: debug, info,
 // warn or error.
-func Logger(w io.Writer, level string) (*slog.Logger, error) {
+func Logger(w io.Writer, level string) (*slog.Logger, error) { return NewLogger(w, level, "json") }
+
+// LogFormats are the formats NewLogger writes: JSON for machines (the default: log
+// pipelines parse it), text (key=value) for people at a terminal.
+var LogFormats = []string{"json", "text"}
+
+// NewLogger returns the programs' logger writing to w at level (debug, info, warn or error)
+// in format (one of LogFormats).
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv})), nil
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want %s", format, strings.Join(LogFormats, " or "))
 }
 
 // Overlay returns base with each field o sets (non-zero) in its place: an item's override

@@ -398,3 +398,27 @@ func TestOverlay(t *testing.T) {
 		t.Errorf("Overlay of a duration and a list = %+v", got)
 	}
 }
+
+// NewLogger writes JSON by default and key=value text for people; a format or level it does
+// not know is an error naming the choices.
+func TestNewLogger(t *testing.T) {
+	var b bytes.Buffer
+	for format, want := range map[string]string{"json": `"msg":"hello"`, "text": "msg=hello"} {
+		b.Reset()
+		log, err := NewLogger(&b, "info", format)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Debug("hidden")
+		log.Info("hello")
+		if !strings.Contains(b.String(), want) || strings.Contains(b.String(), "hidden") {
+			t.Errorf("%s: %q", format, b.String())
+		}
+	}
+	if _, err := NewLogger(&b, "info", "xml"); err == nil || err.Error() != `log format "xml": want json or text` {
+		t.Errorf("xml: %v", err)
+	}
+	if _, err := NewLogger(&b, "loud", "json"); err == nil || !strings.Contains(err.Error(), `log level "loud"`) {
+		t.Errorf("loud: %v", err)
+	}
+}
