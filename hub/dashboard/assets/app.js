@@ -239,6 +239,8 @@ function renderClusters(params) {
   const list = o.clusters.filter((c) => (!q || c.name.toLowerCase().includes(q) || c.tenant.toLowerCase().includes(q)) &&
     (params.get('problems') !== '1' || problem(c)));
   const offset = Number(params.get('offset')) || 0;
+  // Only a hub with replicas says which replica holds each cluster.
+  const replicas = o.clusters.some((c) => c.heldBy);
   const rows = list.slice(offset, offset + PAGE).map((c) => el('tr', { 'data-cluster': c.name },
     el('td', {}, c.name),
     el('td', {}, c.tenant),
@@ -251,9 +253,9 @@ function renderClusters(params) {
       c.refusedCollections ? el('div', { class: 'muted' }, `${c.refusedCollections} collections not served by its source`) : ''),
     el('td', { 'data-col': 'conflicts', class: 'num' }, c.conflicts ? el('a', { href: '#conflicts?' + query({ q: c.name }) }, c.conflicts) : '0'),
     el('td', { 'data-col': 'breaker' }, breakerCell(c)),
-    el('td', {}, c.heldBy ? `${c.heldBy.replica} (epoch ${c.heldBy.epoch})` : ''),
+    replicas ? el('td', {}, c.heldBy ? `${c.heldBy.replica} (epoch ${c.heldBy.epoch})` : 'none') : '',
   ));
-  table($('clusters'), ['cluster', 'tenant', 'connection', 'synced', 'last contact', 'objects', 'refused', 'lost conflicts', 'breaker', 'held by replica'], rows,
+  table($('clusters'), ['cluster', 'tenant', 'connection', 'synced', 'last contact', 'objects', 'refused', 'lost conflicts', 'breaker'].concat(replicas ? ['held by replica'] : []), rows,
     o.clusters.length ? 'no cluster matches' : 'no cluster is configured');
   pager($('clusters-pager'), list.length, offset, PAGE);
 }
