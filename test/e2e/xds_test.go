@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -107,10 +108,12 @@ func TestXDSSinkListedInSinksStatusAndWhy(t *testing.T) {
 	if out := run("why", "vs", "pay/api"); strings.Contains(out, istiodNodeID) {
 		t.Errorf("hub why pay/api names the xds sink, whose rules do not give it:\n%s", out)
 	}
-	status := run("status")
-	for _, want := range []string{"PROTOCOL", istiodNodeID, "xds", "MeshConfig 0/0", "virtualservices " + itoa(xds.Collections[vs].AckedVersion) + "/" + itoa(xds.Collections[vs].PushedVersion), "destinationrules 0/" + itoa(xds.Collections[dr].PushedVersion) + " NACK"} {
-		if !strings.Contains(status, want) {
-			t.Errorf("hub status lacks %q:\n%s", want, status)
+	status := run("status", "-o", "wide") // with each sink's state per collection (over xDS, per type URL that resolves to none)
+	for _, want := range []string{"PROTOCOL", istiodNodeID, "xds", "NACKED",
+		`MeshConfig +\w+ +0 +0 `, `virtualservices +Synced +` + itoa(xds.Collections[vs].AckedVersion) + " +" + itoa(xds.Collections[vs].PushedVersion) + " ",
+		`destinationrules +NACKed +0 +` + itoa(xds.Collections[dr].PushedVersion) + " "} {
+		if !regexp.MustCompile(want).MatchString(status) {
+			t.Errorf("hub status -o wide does not match %q:\n%s", want, status)
 		}
 	}
 
