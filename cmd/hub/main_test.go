@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// hubBin is the hub binary the process tests run, built once by TestMain.
+var hubBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "hub-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	hubBin = filepath.Join(dir, "hub")
+	if out, err := exec.Command("go", "build", "-o", hubBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runHub runs the hub binary with args in dir until it ends (within a minute) and returns
+// its exit status and output.
+func runHub(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, hubBin, args...)
+	cmd.Dir = dir
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("hub %q did not end: it runs a hub?\n%s", args, e.String())
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), o.String(), e.String()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return 0, o.String(), e.String()
+}
+
+// Words run their command and end; none starts a hub (which would create its development
+// CA in the working directory). A word that is no command is an error with a suggestion; a
+// command's -h shows its own flags (not the hub's), and exits 0.
+func TestWordsStartNothing(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		code       int
+		out, notIn string // in stdout+stderr; not in it
+	}{
+		{[]string{"help"}, 0, "Available Commands:", ""},
+		{[]string{"-h"}, 0, "  get         Show what the hub serves", ""},
+		{[]string{"--help"}, 0, "  validate    Check a configuration file offline", ""},
+		{[]string{"version"}, 0, "hub ", ""},
+		{[]string{"version", "-o", "json"}, 0, `"goVersion"`, ""},
+		{[]string{"versoin"}, 1, "Error: unknown command \"versoin\" for \"hub\"\n\nDid you mean this?\n\tversion\n", ""},
+		{[]string{"stauts", "--admin", "127.0.0.1:1"}, 1, "Did you mean this?\n\tstatus", ""},
+		{[]string{"why", "-h"}, 0, "hub why COLLECTION NAMESPACE/NAME [flags]", "--log-format"},
+		{[]string{"certs", "issue", "-h"}, 0, "--trust-domain", "--config"},
+		{[]string{"certs", "isue"}, 1, "Did you mean this?\n\tissue", ""},
+		{[]string{"completion", "bash"}, 0, "bash completion V2 for hub", ""},
+		{[]string{"completion", "zsh"}, 0, "#compdef hub", ""},
+		{[]string{"why", "vs"}, 1, "accepts 2 arg(s), received 1", ""},
+		{[]string{"why", "vs", "shop/a/b"}, 1, `name "shop/a/b": want NAMESPACE/NAME`, ""},
+		{[]string{"status", "--admin", "127.0.0.1:1"}, 1, "the hub's admin API at http://127.0.0.1:1", ""},
+		{[]string{"--log-format", "xml"}, 1, `log format "xml": want json or text`, ""},
+		{[]string{"-log-level", "loud"}, 1, `log level "loud"`, ""},
+	} {
+		dir := t.TempDir()
+		code, stdout, stderr := runHub(t, dir, tc.args...)
+		all := stdout + stderr
+		if code != tc.code || !strings.Contains(all, tc.out) || tc.notIn != "" && strings.Contains(all, tc.notIn) {
+			t.Errorf("hub %q: exit %d, want %d with %q (and not %q):\n%s", tc.args, code, tc.code, tc.out, tc.notIn, all)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("hub %q created %s in its working directory", tc.args, entries[0].Name())
+		}
+	}
+}
+
+// With no command the hub runs on its development configuration (the README's first step):
+// it makes its development CA, and runs until it is told to stop.
+func TestNoArgumentsRunsTheHub(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(hubBin, "--log-format", "text")
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	ca := filepath.Join(dir, ".meshfed", "hub", "ca", "ca.crt")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(ca); err == nil {
+			break
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("hub with no arguments ended (%v) without making its development CA:\n%s", err, out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hub with no arguments made no development CA in 30s:\n%s", out.String())
+		}
+	}
+}
