@@ -128,7 +128,7 @@ func benchHub(b *testing.B, gated bool) *Hub {
 }
 
 // edit is an incremental push of one VirtualService, name, at version.
-func edit(b *testing.B, name string, version int) *mcp.Change {
+func edit(b testing.TB, name string, version int) *mcp.Change {
 	body, err := anypb.New(&networking.VirtualService{Hosts: []string{"reviews"}})
 	if err != nil {
 		b.Fatal(err)

@@ -16,7 +16,7 @@ import (
 // registers real streams: node ids nRR-I routed to 20 rules (fleets) rRR; nine in ten have
 // ACKed, one in twenty has a push unanswered (stale), one in twenty NACKed. Each cluster
 // holds 10 objects and had one refused.
-func scaleHub(b *testing.B) *Hub {
+func scaleHub(b testing.TB) *Hub {
 	var y strings.Builder
 	y.WriteString("insecure: true\nsinkStaleAfter: 1ns\ncollections: [istio/networking/v1alpha3/virtualservices]\nclusters:\n")
 	for c := range 100 {

@@ -45,7 +45,6 @@ func show(t *testing.T, b *browsertest.Browser, hash string) {
 // and the conflicts; it offers no action; and it follows changes to a minion's files
 // without a reload.
 func TestDashboardInBrowser(t *testing.T) {
-	b := browsertest.New(t)
 	p := newPKI(t)
 	cfg := p.hubConfig(t)
 	for i := range cfg.Clusters {
@@ -87,6 +86,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	}
 
+	b := browsertest.New(t) // after the hub, so that it stops first
 	b.Do(t, chromedp.Navigate(browsertest.LoopbackURL(admin)+"/"))
 	b.WaitFor(t, pageWait, "the clusters, live", `document.querySelector('#live.ok') && document.querySelector('tr[data-cluster="west"]')`)
 	b.WaitFor(t, pageWait, "west's breaker open", cellText("data-cluster", "west", "breaker")+`.includes("open: holds 12 deletions")`)
@@ -152,7 +152,6 @@ func TestDashboardInBrowser(t *testing.T) {
 // In development mode a loopback page may act: it says so, offers the breaker's release,
 // and the release (two clicks: it deletes objects) is taken as the development operator.
 func TestDashboardActsInDevelopmentMode(t *testing.T) {
-	b := browsertest.New(t)
 	east, west := t.TempDir(), t.TempDir()
 	var files []string
 	for i := range 12 {
@@ -168,6 +167,7 @@ func TestDashboardActsInDevelopmentMode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	b := browsertest.New(t)
 	b.Do(t, chromedp.Navigate(browsertest.LoopbackURL(admin)+"/"))
 	b.WaitFor(t, pageWait, "east's breaker open, with its release offered", cellText("data-cluster", "east", "breaker")+`.includes("open") && document.querySelector('tr[data-cluster="east"] button[data-action="release"]')`)
 	if who := browsertest.Eval[string](t, b, `document.getElementById("who").textContent`); !strings.Contains(who, "may act") || !strings.Contains(who, hub.DevOperator) {

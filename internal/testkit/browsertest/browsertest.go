@@ -49,6 +49,9 @@ type Browser struct {
 
 // New starts a browser for t, stopped when t ends; at the end, everything the page did
 // wrong fails t. Without a browser, t is skipped or failed (see the package doc).
+//
+// Call it after starting the servers the page visits: cleanups run last in, first out, so
+// the browser then stops before they do (a page whose server went away logs errors).
 func New(t testing.TB) *Browser {
 	t.Helper()
 	path := find()
