@@ -5,14 +5,18 @@ GO ?= go
 FUZZTIME ?= 30s
 BENCHTIME ?= 1x
 PKGS := ./...
+# VERSION names the build in `hub version`, `minion version` and meshfed_build_info: the
+# nearest tag and the commits since it, else the commit (the toolchain records the revision too).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 
 .PHONY: help build demo testbins test test-e2e bench fuzz lint proto verify
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-build: ## compile every package and command
+build: ## compile every package, and the hub and minion into bin/ (hub version prints VERSION and the commit)
 	$(GO) build $(PKGS)
+	$(GO) build -buildvcs=true -ldflags "-X github.com/meshfed/meshfed/internal/buildinfo.Version=$(VERSION)" -o bin/ ./cmd/hub ./cmd/minion
 
 demo: ## a hub (development CA), two minions and a sink on 127.0.0.1; Ctrl-C stops it
 	./hack/demo.sh

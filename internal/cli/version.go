@@ -32,7 +32,7 @@ func VersionCommand() *cobra.Command {
 			if info.Modified {
 				modified = " (modified)"
 			}
-			_, err := fmt.Fprintf(w, "%s %s\n  revision: %s%s\n  built from a commit of: %s\n  go: %s\n", cmd.Root().Name(), info.Version,
+			_, err := fmt.Fprintf(w, "%s %s\n  revision: %s%s\n  commit time: %s\n  go: %s\n", cmd.Root().Name(), info.Version,
 				dash(info.Revision), modified, dash(info.Time), info.GoVersion)
 			return err
 		},
