@@ -356,3 +356,32 @@ func FuzzDashboardQueries(f *testing.F) {
 		}
 	})
 }
+
+// One overview answers every request of its scope for overviewEvery, however many pages
+// poll; then, or after a reload, the next request computes a new one.
+func TestDashboardOverviewComputedOncePerSecond(t *testing.T) {
+	h := testHub(t, fleetHub)
+	clock := withClock(h)
+	mux := h.httpHandler()
+	sinks := func() int {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/overview", nil))
+		return decode[api.Overview](t, rec.Body.String()).Sinks.Total
+	}
+	if n := sinks(); n != 0 {
+		t.Fatalf("%d sinks, want none yet", n)
+	}
+	openSink(t, h, "s-1", "a-1")
+	if n := sinks(); n != 0 {
+		t.Errorf("within a second: %d sinks, want the overview already computed (0)", n)
+	}
+	clock.advance(overviewEvery)
+	if n := sinks(); n != 1 {
+		t.Errorf("a second later: %d sinks, want 1", n)
+	}
+	openSink(t, h, "s-2", "a-2")
+	reload(t, h, strings.Replace(fleetHub, "1ns", "2ns", 1))
+	if n := sinks(); n != 2 {
+		t.Errorf("after a reload: %d sinks, want 2 (a new configuration, a new overview)", n)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
@@ -315,8 +316,27 @@ type sinkRegistry struct {
 
 type sinkEntry struct {
 	info *mcp.StreamInfo
-	mu   sync.Mutex // guards st
+	mu   sync.Mutex // guards st and routed
 	st   api.SinkStatus
+	// routed is the stream's route under comp, for its first SinkNode (which routes it,
+	// and is set once): listing 10,000 sinks every few seconds (the dashboard) then routes
+	// each once per configuration, not once per listing.
+	routed struct {
+		comp *compiled
+		node *mcppb.SinkNode
+		rt   route
+	}
+}
+
+// route is the entry's route under comp, as the serving router asks (streamSink).
+func (e *sinkEntry) route(comp *compiled) route {
+	n := e.info.Node()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.routed.comp != comp || e.routed.node != n {
+		e.routed.comp, e.routed.node, e.routed.rt = comp, n, comp.route(comp.streamSink(e.info))
+	}
+	return e.routed.rt
 }
 
 func (r *sinkRegistry) hooks() mcp.Hooks {
@@ -435,7 +455,7 @@ func (e *sinkEntry) listed(comp *compiled, now time.Time) listedSink {
 		cp.Downstream = relayed(e.info)
 	}
 	judge(&cp, now, comp.staleAfter)
-	rt := comp.route(comp.streamSink(e.info)) // as the serving router asks
+	rt := e.route(comp)
 	cp.Rules, cp.Tenant = rt.sub.Rules(), rt.tenant
 	return listedSink{cp, rt}
 }
