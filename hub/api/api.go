@@ -7,6 +7,10 @@
 //
 //	/api/clusters                     []ClusterStatus
 //	/api/sinks                        []SinkStatus
+//	/api/sinks?fleet=&state=&q=&offset=&limit=   SinkPage: a page of the sinks those select (see dashboard.go)
+//	/api/overview                     Overview: every cluster summarized, the sinks counted by fleet and state (dashboard.go)
+//	/api/refusals?cluster=&host=&namespace=&q=&offset=&limit=   RefusalPage: objects pushed and not served, with why
+//	/api/whoami                       WhoAmI: who a request is answered for, and whether it may act
 //	/api/conflicts                    []Conflict
 //	/api/why?collection=C&name=N      Why (C as users type it: vs, VirtualService, ...; 400 when no served kind)
 //	/api/object?collection=C[&name=N] ObjectList, or Object: what is served of C, or of one object of it (see object.go; 404: no such object)
@@ -17,6 +21,7 @@
 //	/api/tenants                      []Tenant
 //	/api/events?since=SEQ&limit=N     Events: what happened recently (refusals, reloads, breakers, clusters, replicas)
 //	/api/state                        State: the file keeping the clusters' last-known state
+//	/                                 the fleet dashboard (package hub/dashboard), HTML
 //
 // Who may read them: anyone who reaches the hub's http listener, which carries no identity
 // (it serves Prometheus and the probes too; keep it on loopback or a network only they and

@@ -5,13 +5,9 @@ import (
 	"time"
 )
 
-// The dashboard's documents: summaries the hub computes so that a page showing 100
-// clusters and 10,000 sinks receives a few kilobytes per refresh, not every sink.
-//
-//	/api/overview                     Overview: every cluster summarized, every sink fleet counted by state
-//	/api/sinks?fleet=&q=&state=&offset=&limit=   SinkPage (without any of these parameters: []SinkStatus, as before)
-//	/api/refusals?cluster=&q=&host=&namespace=&offset=&limit=   RefusalPage
-//	/api/whoami                       WhoAmI: who the request is answered for, and whether it may act
+// The dashboard's documents (package doc: the endpoints): summaries the hub computes so
+// that a page showing 100 clusters and 10,000 sinks receives a few kilobytes per refresh,
+// not every sink.
 
 // Overview is what the dashboard refreshes: every cluster the viewer owns, summarized, and
 // the viewer's sinks counted by fleet and state.
