@@ -24,8 +24,9 @@ demo: ## a hub (development CA), two minions and a sink on 127.0.0.1; Ctrl-C sto
 testbins: ## build (or find cached) kube-apiserver, etcd, Istio's MCP peer and istiod (pilot-discovery) in .cache/bin
 	$(GO) run ./internal/testkit/testbin/build
 
-test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiserver, Istio interop (the CI command)
+test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiserver, Istio interop, the monitoring pack (the CI command)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	cd test/monitoring && $(GO) test -race -count=1 -timeout 10m ./...  # its own module: Prometheus' rule and PromQL parsers
 
 test-e2e: testbins ## make test plus tests behind the e2e build tag (multi-process tests already run in make test)
 	$(GO) test -race -count=1 -timeout 30m -tags e2e $(PKGS)
