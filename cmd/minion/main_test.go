@@ -94,11 +94,15 @@ func TestREADMECommandsParse(t *testing.T) {
 	}
 	defer f.Close()
 	line := regexp.MustCompile(`^(?:go run \./cmd/minion|\S*bin/minion|minion)(?:\s|$)`)
-	found := 0
+	found, in := 0, false
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		l := strings.TrimSpace(sc.Text())
-		if !line.MatchString(l) {
+		if strings.HasPrefix(l, "```") {
+			in = !in && l == "```sh"
+			continue
+		}
+		if !in || !line.MatchString(l) {
 			continue
 		}
 		if i := strings.Index(l, " #"); i >= 0 {

@@ -24,8 +24,8 @@ routing:
 // A file the hub takes has no errors; a file it refuses has the hub's error, with the line
 // of the field the error names (or the nearest enclosing field the file has).
 func TestCheckErrorsWithLines(t *testing.T) {
-	if got := Check([]byte(base)); len(got) != 2 || !got[0].Warning {
-		// east and west are identities without a trust domain: two warnings, nothing else.
+	if got := Check([]byte(base)); len(got) != 3 || !got[0].Warning || !strings.HasPrefix(got[0].Message, "http: not set: ") {
+		// no http, and east and west are identities without a trust domain: three warnings.
 		t.Errorf("base: %+v", got)
 	}
 	for _, tc := range []struct {
@@ -55,6 +55,7 @@ func TestCheckErrorsWithLines(t *testing.T) {
 // that are not the trust domain's SPIFFE IDs; each at its field's line.
 func TestCheckWarnings(t *testing.T) {
 	file := `devCA: true
+http: 127.0.0.1:9990
 collections: [vs, dr]
 clusters:
 - name: east
@@ -79,11 +80,11 @@ routing:
 		line int
 		msg  string
 	}{
-		{6, `clusters[0] ("east").hosts[0]: "*.example.com" overlaps clusters[1] ("west").hosts[0] "api.example.com": both may publish objects for api.example.com`},
-		{14, `routing.rules[0] ("gateways").collections[0]: "istio/networking/v1alpha3/gateways" matches none of the hub's collections`},
-		{17, `routing.rules[1] ("north").clusters[0]: "north" matches none of the configured clusters (east, west)`},
-		{19, `routing.rules[2] ("elsewhere").identities[0]: "spiffe://mesh.example.com/sink/*" is of trust domain "mesh.example.com", not "meshfed.local"`},
-		{19, `routing.rules[2] ("elsewhere").identities[1]: "spiffe://meshfed.local/operator/*" names kind "operator"`},
+		{7, `clusters[0] ("east").hosts[0]: "*.example.com" overlaps clusters[1] ("west").hosts[0] "api.example.com": both may publish objects for api.example.com`},
+		{15, `routing.rules[0] ("gateways").collections[0]: "istio/networking/v1alpha3/gateways" matches none of the hub's collections`},
+		{18, `routing.rules[1] ("north").clusters[0]: "north" matches none of the configured clusters (east, west)`},
+		{20, `routing.rules[2] ("elsewhere").identities[0]: "spiffe://mesh.example.com/sink/*" is of trust domain "mesh.example.com", not "meshfed.local"`},
+		{20, `routing.rules[2] ("elsewhere").identities[1]: "spiffe://meshfed.local/operator/*" names kind "operator"`},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d findings, want %d: %+v", len(got), len(want), got)

@@ -33,6 +33,9 @@ func groups(c *hub.Config) []group {
 // starting with the field path it is about.
 func warnings(c *hub.Config) []string {
 	var out []string
+	if c.HTTP == "" {
+		out = append(out, "http: not set: a configuration file starts from the defaults, where the admin API (hub status, get, why, whatif), /metrics and the probes are off; set http (e.g. 127.0.0.1:9990) to have them")
+	}
 	td := c.SPIFFETrustDomain()
 	for _, g := range groups(c) {
 		out = append(out, hostOverlaps(g)...)
