@@ -1,6 +1,8 @@
 // Package deploy holds meshfed's deployment manifests, as kustomize bases: hub/ (the hub,
-// for the cluster that runs it) and minion/ (one per member cluster); the Dockerfile that
-// builds the images is at the repository root. The Go files only hold the tests that check
+// for the cluster that runs it), minion/ (one per member cluster) and monitoring/ (the
+// Prometheus Operator's objects and a Grafana dashboard for the hub, tested by the module
+// test/monitoring, which renders it with Render); the Dockerfile that builds the images is
+// at the repository root. The Go files only hold the tests that check
 // them: the rendered manifests are accepted by a real kube-apiserver (server-side dry-run),
 // the hub's ConfigMap is a valid hub configuration that agrees with its Deployment, the
 // Deployments are hardened, and the Dockerfile has the expected shape.
