@@ -178,6 +178,7 @@ func TestDashboardActsInDevelopmentMode(t *testing.T) {
 	b.WaitFor(t, pageWait, "the release to confirm", `document.querySelector('button[data-action="release"]').textContent.includes("confirm: delete 12 objects")`)
 	b.Do(t, chromedp.Click(`tr[data-cluster="east"] button[data-action="release"]`))
 	b.WaitFor(t, pageWait, "the release done and east's breaker gone", cellText("data-cluster", "east", "breaker")+` === "" && `+cellText("data-cluster", "east", "objects")+` === "0"`)
+	b.WaitFor(t, pageWait, "the release's notice", `document.getElementById("notice").textContent === `+js("Released 12 held deletions of cluster east (by "+hub.DevOperator+")."))
 	for _, c := range h.Clusters() {
 		if c.Breaker != nil {
 			t.Errorf("cluster %s still holds %+v", c.Name, c.Breaker)

@@ -14,6 +14,8 @@
 const POLL_MS = 2000;
 const PAGE = 50; // rows of a list page
 const KEEP_EVENTS = 500; // events kept in the page, newest
+const ASK_MS = 10000; // a request unanswered this long has failed (the hub is unreachable)
+const CONFIRM_MS = 10000; // how long an action waits for its confirming click
 
 const state = {
   overview: null,
@@ -23,6 +25,9 @@ const state = {
   droppedEvents: false,
   kinds: null,
   timer: 0,
+  // armed is the action waiting for its confirming click ({key, until}); it outlives the
+  // redraws of the list it is in.
+  armed: null,
 };
 
 // ---- small helpers
@@ -47,7 +52,7 @@ const $ = (id) => document.getElementById(id);
 // api GETs (or, with a method, sends) path and returns its JSON; a refusal throws an
 // Error with the hub's message.
 async function api(path, method) {
-  const res = await fetch(path, { method: method || 'GET', headers: { Accept: 'application/json' } });
+  const res = await fetch(path, { method: method || 'GET', headers: { Accept: 'application/json' }, signal: AbortSignal.timeout(ASK_MS) });
   const text = await res.text();
   if (!res.ok) throw new Error(`${method || 'GET'} ${path}: ${res.status} ${text.trim()}`);
   return JSON.parse(text);
@@ -270,19 +275,25 @@ function breakerCell(c) {
   return out;
 }
 
+// releaseButton releases the deletions a cluster's breaker holds: they delete objects
+// from every sink, so the first click only asks for a second one.
 function releaseButton(cluster, held) {
-  const b = el('button', { type: 'button', class: 'action', 'data-action': 'release' }, 'release held deletions…');
+  const key = `release ${cluster}`;
+  const armed = () => state.armed && state.armed.key === key && Date.now() < state.armed.until;
+  const b = el('button', { type: 'button', class: 'action', 'data-action': 'release' },
+    armed() ? `confirm: delete ${held} objects` : 'release held deletions…');
   b.addEventListener('click', async () => {
-    if (b.dataset.armed !== '1') {
-      b.dataset.armed = '1';
+    if (!armed()) {
+      state.armed = { key, until: Date.now() + CONFIRM_MS };
       b.textContent = `confirm: delete ${held} objects`;
       return;
     }
+    state.armed = null;
     b.disabled = true;
     try {
       const r = await api(`/api/clusters/${encodeURIComponent(cluster)}/breaker/release`, 'POST');
-      showError('');
-      b.replaceWith(el('span', { class: 'ok' }, `released by ${r.operator}`));
+      const n = Object.values(r.deleted || {}).reduce((a, b) => a + b, 0);
+      showNotice(`Released ${n} held deletions of cluster ${r.cluster} (by ${r.operator}).`);
     } catch (e) {
       showError(e.message);
     }
@@ -479,6 +490,10 @@ async function pollEvents() {
 
 function showError(msg) {
   $('error').textContent = msg;
+}
+
+function showNotice(msg) {
+  $('notice').textContent = msg;
 }
 
 let rendering = Promise.resolve();
