@@ -134,3 +134,32 @@ func TestNoArgumentsRunsTheHub(t *testing.T) {
 		}
 	}
 }
+
+// hub validate FILE needs no hub: 0 for a file the hub takes (its warnings printed with
+// their lines), 1 for one it refuses, with the error at its line.
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := "devCA: true\nclusters:\n- {name: east, namespaces: [shop], hosts: [\"*.example.com\"]}\n- {name: west, namespaces: [pay], hosts: [api.example.com]}\nrouting: {default: {name: all}}\n"
+	bad := strings.Replace(good, "namespaces: [pay]", "namespace: [pay]", 1)
+	for name, content := range map[string]string{"good.yaml": good, "bad.yaml": bad} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, _ := runHub(t, dir, "validate", "good.yaml")
+	if code != 0 || !strings.Contains(out, "good.yaml: warning: http: not set") ||
+		!strings.Contains(out, `good.yaml:3: warning: clusters[0] ("east").hosts[0]: "*.example.com" overlaps clusters[1] ("west").hosts[0] "api.example.com"`) ||
+		!strings.HasSuffix(out, "good.yaml: valid (2 warning(s))\n") {
+		t.Errorf("validate good.yaml: exit %d\n%s", code, out)
+	}
+	code, out, errOut := runHub(t, dir, "validate", "bad.yaml")
+	if code != 1 || !strings.Contains(out, `bad.yaml:4: error: unknown field "namespace"`) || !strings.Contains(errOut, "Error: bad.yaml: invalid") {
+		t.Errorf("validate bad.yaml: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, _ := runHub(t, dir, "validate", "bad.yaml", "-o", "json"); code != 1 || !strings.Contains(out, `"valid": false`) || !strings.Contains(out, `"line": 4`) {
+		t.Errorf("validate -o json: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := runHub(t, dir, "validate", "missing.yaml"); code != 1 || !strings.Contains(errOut, "missing.yaml") {
+		t.Errorf("validate missing.yaml: exit %d\n%s", code, errOut)
+	}
+}

@@ -129,3 +129,22 @@ func TestAge(t *testing.T) {
 		}
 	}
 }
+
+// checkName takes any name a user types: NAMESPACE/NAME or NAME as Kubernetes names
+// objects, refused otherwise with the rule; it never panics, and what it accepts has at most
+// one "/" and no empty part.
+func FuzzCheckName(f *testing.F) {
+	for _, s := range []string{"shop/cart", "cart", "a/b/c", "/x", "Shop/cart", "", "a.b/c-d"} {
+		f.Add(s)
+	}
+	cmd := whyCommand()
+	f.Fuzz(func(t *testing.T, name string) {
+		err := checkName(cmd, name)
+		if err == nil && (strings.Count(name, "/") > 1 || name == "" || strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/")) {
+			t.Errorf("checkName(%q) accepted it", name)
+		}
+		if err != nil && !strings.Contains(err.Error(), "want NAMESPACE/NAME") {
+			t.Errorf("checkName(%q): %v", name, err)
+		}
+	})
+}

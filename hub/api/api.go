@@ -56,8 +56,12 @@ type ClusterStatus struct {
 	Connected bool `json:"connected"`
 	Streams   int  `json:"streams"`
 	// Synced: a stream has delivered every collection since the hub started (or since the
-	// cluster was added to the configuration).
-	Synced      bool           `json:"synced"`
+	// cluster was added to the configuration), which ends the warm-up's wait for it; it stays
+	// true after a disconnect (hub status's SYNCED is Connected and Synced).
+	Synced bool `json:"synced"`
+	// LastContact is when the cluster's last stream opened or closed: while it is connected
+	// (in contact now), when it connected; once disconnected, when it disconnected. Absent:
+	// it never connected since the hub started. (hub status shows "now" and "N ago".)
 	LastContact *time.Time     `json:"lastContact,omitempty"`
 	Resources   map[string]int `json:"resources"`
 	// Rejections are resources refused by the ACL (or malformed), by collection and name,

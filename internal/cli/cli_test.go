@@ -81,3 +81,29 @@ func TestVersion(t *testing.T) {
 		}
 	}
 }
+
+// Normalize takes any command line: it never panics, changes only one-dash long flags
+// (to two dashes, one more character) before any "--", and is idempotent.
+func FuzzNormalize(f *testing.F) {
+	f.Add("-config f why -admin=x -o json -- -config")
+	f.Add("--admin -admin= - -- --")
+	f.Fuzz(func(t *testing.T, line string) {
+		var ran []string
+		root := tree(&ran)
+		args := strings.Fields(line)
+		got := Normalize(root, args)
+		if len(got) != len(args) {
+			t.Fatalf("Normalize(%q) = %q", args, got)
+		}
+		seenDashes := false
+		for i, a := range args {
+			seenDashes = seenDashes || a == "--"
+			if got[i] != a && (seenDashes || got[i] != "-"+a) {
+				t.Errorf("Normalize changed %q to %q", a, got[i])
+			}
+		}
+		if again := Normalize(root, got); !slices.Equal(again, got) {
+			t.Errorf("Normalize is not idempotent: %q, then %q", got, again)
+		}
+	})
+}
