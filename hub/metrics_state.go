@@ -9,9 +9,11 @@ import (
 )
 
 // stateCollector reports, at scrape time, what the hub's state already says: whether each
-// configured cluster has synced, and the connected sinks by fleet and state. Reading it
-// when scraped, rather than keeping gauges up to date on every push and ACK, costs one walk
-// over the clusters and the sinks per scrape and nothing on the serving path.
+// configured cluster has synced, and the connected sinks by fleet and state, as the sink
+// listing (sinkRegistry.each) judges them. Reading it when scraped, rather than keeping
+// gauges up to date on every push and ACK, costs one walk over the clusters and the sinks
+// per scrape (tens of milliseconds for 10,000 sinks on 2 busy cores: BenchmarkScrape) and
+// nothing on the serving path.
 //
 // A fleet is the sinks of one tenant that the same routing rules select (they receive the
 // same objects): its label is the rules' names joined by commas (api.FleetKey's rules). The
@@ -61,7 +63,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	now := c.h.sinks.now() // the clock the sinks' states are judged by
 	fleets := map[fleetKey]*fleetStats{}
-	for _, s := range c.h.sinks.list(c.h.current().comp) {
+	c.h.sinks.each(c.h.current().comp, func(_ *sinkEntry, s listedSink) {
 		k := fleetKey{labelOrNone(s.Tenant), labelOrNone(strings.Join(s.Rules, ","))}
 		f := fleets[k]
 		if f == nil {
@@ -72,7 +74,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if s.BehindSince != nil {
 			f.oldest = max(f.oldest, now.Sub(*s.BehindSince).Seconds())
 		}
-	}
+	})
 	for k, f := range fleets {
 		// Every state of a fleet has a series, 0 included: an alert on one state sees it
 		// clear, and a panel stacks the same states for every fleet.
