@@ -62,16 +62,21 @@ func portNames(v any) []string {
 	return out
 }
 
-// selects checks that sel, in namespaces ns, selects an object with these labels in
-// namespace objNS.
-func selects(t *testing.T, what string, sel metav1.LabelSelector, ns monitoringv1.NamespaceSelector, objLabels map[string]string, objNS string) {
+// selects checks that a monitor in namespace monNS, with selector sel in namespaces ns,
+// selects an object with these labels in namespace objNS. An empty namespaceSelector is
+// the monitor's own namespace, as the operator reads it.
+func selects(t *testing.T, what string, monNS string, sel metav1.LabelSelector, ns monitoringv1.NamespaceSelector, objLabels map[string]string, objNS string) {
 	t.Helper()
 	s, err := metav1.LabelSelectorAsSelector(&sel)
 	if err != nil || s.Empty() || !s.Matches(labels.Set(objLabels)) {
 		t.Errorf("%s: selector %v (%v) does not select %v", what, sel, err, objLabels)
 	}
-	if !ns.Any && !slices.Contains(ns.MatchNames, objNS) {
-		t.Errorf("%s: namespaceSelector %v leaves out namespace %s", what, ns, objNS)
+	names := ns.MatchNames
+	if len(names) == 0 {
+		names = []string{monNS}
+	}
+	if !ns.Any && !slices.Contains(names, objNS) {
+		t.Errorf("%s: looks in namespaces %v, not in %s", what, names, objNS)
 	}
 }
 
@@ -81,7 +86,7 @@ func TestServiceMonitorSelectsTheHub(t *testing.T) {
 	svc := object(t, "hub", "Service", "meshfed-hub")
 	svcNS, _ := field(svc, "metadata", "namespace").(string)
 	for _, sm := range sms {
-		selects(t, "ServiceMonitor "+sm.Name, sm.Spec.Selector, sm.Spec.NamespaceSelector, stringMap(field(svc, "metadata", "labels")), svcNS)
+		selects(t, "ServiceMonitor "+sm.Name, sm.Namespace, sm.Spec.Selector, sm.Spec.NamespaceSelector, stringMap(field(svc, "metadata", "labels")), svcNS)
 		if len(sm.Spec.Endpoints) == 0 {
 			t.Errorf("ServiceMonitor %s: no endpoints", sm.Name)
 		}
@@ -108,7 +113,7 @@ func TestPodMonitorSelectsTheMinion(t *testing.T) {
 	}
 	dep := object(t, "minion", "Deployment", "meshfed-minion")
 	depNS, _ := field(dep, "metadata", "namespace").(string)
-	selects(t, "PodMonitor "+pm.Name, pm.Spec.Selector, pm.Spec.NamespaceSelector, stringMap(field(dep, "spec", "template", "metadata", "labels")), depNS)
+	selects(t, "PodMonitor "+pm.Name, pm.Namespace, pm.Spec.Selector, pm.Spec.NamespaceSelector, stringMap(field(dep, "spec", "template", "metadata", "labels")), depNS)
 	containers, _ := field(dep, "spec", "template", "spec", "containers").([]any)
 	if len(containers) == 0 {
 		t.Fatal("Deployment meshfed-minion has no containers")
