@@ -27,8 +27,9 @@ func getCommand() *cobra.Command {
 			"from its protobuf message, as Kubernetes writes objects) and every cluster's copy; the\n" +
 			"table shows the copies. " + collectionHelp + ".\n" +
 			"An object no cluster published is an error (NotFound, exit 1).",
-		Example: "  hub get vs\n  hub get vs shop/cart -o yaml\n  hub get VirtualService -o wide",
-		Args:    cli.Args(cobra.RangeArgs(1, 2)),
+		Example:           "  hub get vs\n  hub get vs shop/cart -o yaml\n  hub get VirtualService -o wide",
+		Args:              cli.Args(cobra.RangeArgs(1, 2)),
+		ValidArgsFunction: completeCollection(&c),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 2 {
 				if err := checkName(cmd, args[1]); err != nil {

@@ -54,7 +54,7 @@ func whatifCommand() *cobra.Command {
 		},
 	}
 	c.addFlags(cmd)
-	out.AddFlag(cmd, "table", "table", "json", "yaml")
+	out.AddFlag(cmd, "table", "table", "wide", "json", "yaml")
 	fs := cmd.Flags()
 	fs.StringVar(&identity, "identity", "", "the sink's authenticated identity")
 	fs.StringVar(&node, "node", "", "the sink's SinkNode id")

@@ -27,8 +27,9 @@ func whyCommand() *cobra.Command {
 		Long: "Explain one object: every cluster's copy (the served one, and why the others are held), the\n" +
 			"refusals of it, and the connected sinks whose rules give it, with whether each holds the\n" +
 			"served version. " + collectionHelp + ".\nAn object no cluster published is an error (NotFound, exit 1).",
-		Example: "  hub why vs shop/cart\n  hub why networking.istio.io/v1/DestinationRule shop/reviews -o yaml",
-		Args:    cli.Args(cobra.ExactArgs(2)),
+		Example:           "  hub why vs shop/cart\n  hub why networking.istio.io/v1/DestinationRule shop/reviews -o yaml",
+		Args:              cli.Args(cobra.ExactArgs(2)),
+		ValidArgsFunction: completeCollection(&c),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkName(cmd, args[1]); err != nil {
 				return err
@@ -41,7 +42,7 @@ func whyCommand() *cobra.Command {
 		},
 	}
 	c.addFlags(cmd)
-	out.AddFlag(cmd, "table", "table", "json", "yaml")
+	out.AddFlag(cmd, "table", "table", "wide", "json", "yaml")
 	return cmd
 }
 
