@@ -68,16 +68,21 @@ a configuration file offline (validate).`,
 func run(ctx context.Context, path string, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Failures are logged (for log pipelines) and returned (for the person at the terminal).
+	notStarted := func(err error) error {
+		log.Error("hub not started", "err", err)
+		return &cli.ExitError{Code: 2, Err: fmt.Errorf("hub not started: %w", err)}
+	}
 	cfg := hub.DefaultConfig()
 	if path != "" {
 		var err error
 		if cfg, err = hub.LoadConfig(path); err != nil {
-			return &cli.ExitError{Code: 2, Err: fmt.Errorf("hub not started: %w", err)}
+			return notStarted(err)
 		}
 	}
 	h, err := build(cfg, log, reg)
 	if err != nil {
-		return &cli.ExitError{Code: 2, Err: fmt.Errorf("hub not started: %w", err)}
+		return notStarted(err)
 	}
 	if path != "" {
 		err = h.RunWithReload(ctx, path) // valid changes of the file apply without a restart
@@ -85,6 +90,7 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		err = h.Run(ctx)
 	}
 	if err != nil {
+		log.Error("hub stopped", "err", err)
 		return fmt.Errorf("hub stopped: %w", err)
 	}
 	return nil

@@ -163,3 +163,15 @@ func TestValidate(t *testing.T) {
 		t.Errorf("validate missing.yaml: exit %d\n%s", code, errOut)
 	}
 }
+
+// A hub that cannot start says why on the terminal and in its log, and exits 2.
+func TestNotStarted(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hub.yaml"), []byte("clusters: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runHub(t, dir, "-config", "hub.yaml")
+	if code != 2 || !strings.Contains(errOut, `"msg":"hub not started"`) || !strings.Contains(errOut, "Error: hub not started: ") {
+		t.Errorf("exit %d:\n%s", code, errOut)
+	}
+}

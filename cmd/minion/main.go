@@ -39,7 +39,11 @@ to a hub on 127.0.0.1:9901 with the certificate the development hub issues.`,
 			if err != nil {
 				return err
 			}
-			return minion.RunWithReload(cmd.Context(), config, log, minion.NewTelemetry())
+			if err := minion.RunWithReload(cmd.Context(), config, log, minion.NewTelemetry()); err != nil {
+				log.Error("minion stopped", "err", err) // for log pipelines; Execute tells the terminal
+				return err
+			}
+			return nil
 		},
 	}
 	root.Flags().StringVar(&config, "config", "", "configuration file (YAML); watched and reloaded on change")
