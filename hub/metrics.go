@@ -19,9 +19,7 @@ type Metrics struct {
 	rejections     *prometheus.CounterVec
 	refusals       *prometheus.CounterVec
 	viewsGauge     prometheus.Gauge
-	reloads        *prometheus.CounterVec
-	reloadOK       prometheus.Gauge
-	reloadOKAt     prometheus.Gauge
+	reloads        *procmetrics.Reloads
 	certs          *procmetrics.Certificates
 	conflictsGauge prometheus.Gauge
 	tlsRejections  *prometheus.CounterVec
@@ -58,17 +56,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Objects a cluster pushed that are not served, by cluster and reason (not_owned, invalid, over_quota, conflict): the refusal events of /api/events."}, []string{"cluster", "reason"}),
 		viewsGauge: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "views",
 			Help: "Distinct routing subsets currently served (one shared view each)."}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
-			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
-		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_successful",
-			Help: "1 if the last change of the configuration file was applied (or there was none since the start), 0 if it was refused: the hub runs an older configuration than the file."}),
-		reloadOKAt: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_success_timestamp_seconds",
-			Help: "When the running configuration was applied (the start, or the last change applied), Unix seconds."}),
+		reloads: procmetrics.NewReloads(reg, sub),
 	}
-	// The configuration the hub is built with is its first successful load (it does not
-	// start without one), as Prometheus counts its own.
-	m.reloadOK.Set(1)
-	m.reloadOKAt.Set(float64(time.Now().Unix()))
 	m.conflictsGauge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "conflicts",
 		Help: "Collection/names published by more than one cluster (one served, the others held)."})
 	m.tlsRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_rejections_total",
@@ -97,8 +86,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Time the pushes of a tenant's clusters waited for its pushesPerSecond, all together."}, []string{"tenant"})
 	m.tenantNames = map[string]bool{}
 	reg.MustRegister(m.tenantStreamsGauge, m.tenantStreamsRefused, m.tenantObjects, m.tenantBytes, m.tenantPushesDelayed, m.tenantPushDelay)
-	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.reloads, m.conflictsGauge, m.tlsRejections)
-	reg.MustRegister(m.refusals, m.reloadOK, m.reloadOKAt)
+	reg.MustRegister(m.ready, m.clusterUp, m.resourcesGauge, m.rejections, m.viewsGauge, m.conflictsGauge, m.tlsRejections)
+	reg.MustRegister(m.refusals)
 	m.certs = procmetrics.Register(reg)
 	return m
 }
@@ -140,19 +129,12 @@ func (m *Metrics) views(n int) {
 	m.viewsGauge.Set(float64(n))
 }
 
-// reload counts a change of the configuration file by result, "applied" or "refused"; a
-// refused one leaves the time of the last success as it was.
+// reload counts a change of the configuration file by result, "applied" or "refused".
 func (m *Metrics) reload(result string) {
 	if m == nil {
 		return
 	}
-	m.reloads.WithLabelValues(result).Inc()
-	if result != "applied" {
-		m.reloadOK.Set(0)
-		return
-	}
-	m.reloadOK.Set(1)
-	m.reloadOKAt.Set(float64(time.Now().Unix()))
+	m.reloads.Record(result)
 }
 
 // event counts what the hub notes (note) that has a metric: refusals, by reason class.

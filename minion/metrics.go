@@ -1,8 +1,6 @@
 package minion
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshfed/meshfed/internal/procmetrics"
@@ -17,9 +15,7 @@ type Metrics struct {
 	rejections    *prometheus.CounterVec
 	connected     *prometheus.GaugeVec
 	connects      *prometheus.CounterVec
-	reloads       *prometheus.CounterVec
-	reloadOK      prometheus.Gauge
-	reloadOKAt    prometheus.Gauge
+	reloads       *procmetrics.Reloads
 	resyncs       *prometheus.CounterVec
 	certs         *procmetrics.Certificates
 }
@@ -40,20 +36,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while the push stream to a destination is up."}, []string{"destination"}),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "destination_connects_total",
 			Help: "Stream attempts to a push destination, by result (established: the hub asked for collections; failed: it never did)."}, []string{"destination", "result"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "config_reloads_total",
-			Help: "Changes of the configuration file, by result (applied|refused)."}, []string{"result"}),
+		reloads: procmetrics.NewReloads(reg, sub),
 	}
 	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "resyncs_skipped_total",
 		Help: "Informer resyncs of unchanged objects, skipped without converting or publishing, by collection."}, []string{"collection"})
-	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_successful",
-		Help: "1 if the last change of the configuration file was applied (or there was none since the start), 0 if it was refused."})
-	m.reloadOKAt = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "config_last_reload_success_timestamp_seconds",
-		Help: "When the running configuration was applied (the start, or the last change applied), Unix seconds."})
-	// The configuration the minion starts with is its first successful load (it does not
-	// start without one), as Prometheus counts its own.
-	m.reloadOK.Set(1)
-	m.reloadOKAt.Set(float64(time.Now().Unix()))
-	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.reloads, m.resyncs, m.reloadOK, m.reloadOKAt)
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.resyncs)
 	m.certs = procmetrics.Register(reg)
 	return m
 }
@@ -101,19 +88,12 @@ func (m *Metrics) connect(addr, result string) {
 	m.connects.WithLabelValues(addr, result).Inc()
 }
 
-// reload counts a change of the configuration file by result, "applied" or "refused"; a
-// refused one leaves the time of the last success as it was.
+// reload counts a change of the configuration file by result, "applied" or "refused".
 func (m *Metrics) reload(result string) {
 	if m == nil {
 		return
 	}
-	m.reloads.WithLabelValues(result).Inc()
-	if result != "applied" {
-		m.reloadOK.Set(0)
-		return
-	}
-	m.reloadOK.Set(1)
-	m.reloadOKAt.Set(float64(time.Now().Unix()))
+	m.reloads.Record(result)
 }
 
 // certificates are the ones the running configuration uses: its identity's and its

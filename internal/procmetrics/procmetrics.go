@@ -1,9 +1,9 @@
 // Package procmetrics holds the metrics every meshfed program exports whatever its role:
 // the Go runtime's and the process's (NewRegistry), which build is running
-// (meshfed_build_info) and when the TLS certificates it presents and trusts expire
-// (meshfed_tls_certificate_expiry_timestamp_seconds). The hub and the minion register them
-// next to their own metrics, so that one dashboard and one set of alerts read both the same
-// way.
+// (meshfed_build_info), when the TLS certificates it presents and trusts expire
+// (meshfed_tls_certificate_expiry_timestamp_seconds), and how the changes of its
+// configuration file went (Reloads). The hub and the minion register them next to their own
+// metrics, so that one dashboard and one set of alerts read both the same way.
 //
 // It is not a place for what only one of them measures: those metrics live in the hub's
 // and the minion's metrics.go.
