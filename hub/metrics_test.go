@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,9 +13,11 @@ import (
 
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
+	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
 // The configuration the hub starts with counts as a successful load; a refused change of
@@ -25,15 +26,7 @@ import (
 func TestReloadSuccessMetrics(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "hub.yaml")
-	put := func(content string) {
-		t.Helper()
-		if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(content string) { tlstest.WriteAtomic(t, path, []byte(content)) } // never read half-written
 	put(twoClusters)
 	h, err := New(mustParse(t, twoClusters), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	if err != nil {
@@ -47,15 +40,7 @@ func TestReloadSuccessMetrics(t *testing.T) {
 	if ok() != 1 || started == 0 {
 		t.Fatalf("at the start: successful %v at %v; want 1 at the start time", ok(), started)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.watchConfig(ctx, path, time.Millisecond) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("watchConfig: %v", err)
-		}
-	}()
+	testrun.Start(t, "watchConfig", func(ctx context.Context) error { return h.watchConfig(ctx, path, time.Millisecond) })
 	put(twoClusters + "surprise: true\n")
 	testwait.For(t, 10*time.Second, "the refusal", func() bool { return ok() == 0 })
 	if at() != started {

@@ -1,7 +1,6 @@
 package monitoring
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/procmetrics"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/minion"
 )
 
@@ -127,15 +127,8 @@ routing: {default: {name: all}}
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("hub: %v", err)
-		}
-	}()
+	stop := testrun.Start(t, "hub", h.Run)
+	defer stop()
 
 	out := map[string]bool{}
 	for _, r := range []prometheus.Collector{reg, minion.NewTelemetry().Registry} {
