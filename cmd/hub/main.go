@@ -16,13 +16,13 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/hub/replicas"
 	"github.com/meshfed/meshfed/internal/cli"
+	"github.com/meshfed/meshfed/internal/procmetrics"
 )
 
 func main() {
@@ -66,8 +66,7 @@ a configuration file offline (validate).`,
 // run runs the hub until ctx ends: on the configuration file at path, or the development
 // configuration without one.
 func run(ctx context.Context, path string, log *slog.Logger) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := procmetrics.NewRegistry()
 	// Failures are logged (for log pipelines) and returned (for the person at the terminal).
 	notStarted := func(err error) error {
 		log.Error("hub not started", "err", err)
