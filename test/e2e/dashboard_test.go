@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -183,5 +186,66 @@ func TestDashboardActsInDevelopmentMode(t *testing.T) {
 		if c.Breaker != nil {
 			t.Errorf("cluster %s still holds %+v", c.Name, c.Breaker)
 		}
+	}
+}
+
+// operatorProxy serves plain http on loopback and forwards every request to the hub's
+// adminTLS listener with operator name's client certificate (adminAs's), so that a browser
+// sees the dashboard as that operator: chromium presents a client certificate only from an
+// NSS store chosen by a system-wide policy, which a test should not write.
+func operatorProxy(t *testing.T, h *hub.Hub, p *pki, name string) string {
+	t.Helper()
+	target := &url.URL{Scheme: "https", Host: h.AdminTLSAddr()}
+	srv := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite:   func(r *httputil.ProxyRequest) { r.SetURL(target) },
+		Transport: adminAs(t, h, p, name).c.Transport,
+	})
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A tenant's operator, over adminTLS, sees its tenant in every view of the page (its
+// cluster, fleets, refusals and events; of another tenant's host, only that it is not
+// theirs) and nothing of the other tenant's, and may act.
+func TestDashboardTenantOperatorInBrowser(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.Clusters = nil // with tenants every cluster is a tenant's
+	cfg.AdminTLS = "127.0.0.1:0"
+	cfg.Tenants = twoTenants(false)
+	cfg.Operators = []string{"vera"}
+	h := runHub(t, cfg)
+	ingest, serve, _ := h.Addrs()
+	waitFor(t, 10*time.Second, "adminTLS listening", func() bool { return h.AdminTLSAddr() != "" })
+	east, north := t.TempDir(), t.TempDir()
+	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, east, "bank/steal.yaml", vsYAML("steal", "bank", "", "cart.shop.example.com")) // globex's namespace
+	writeFile(t, north, "bank/vault.yaml", vsYAML("vault", "bank", "", "vault.bank.example.com"))
+	writeFile(t, north, "edge/intrude.yaml", vsYAML("intrude", "shop", "", "gw.edge.example.com")) // acme's namespace
+	tlsMinion(t, p, "east", east, ingest)
+	tlsMinion(t, p, "north", north, ingest)
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	tlsSink(t, p, serve, "acme-1")
+	tlsSink(t, p, serve, "globex-1")
+	proxy := operatorProxy(t, h, p, "ann")
+
+	b := browsertest.New(t)
+	b.Do(t, chromedp.Navigate(proxy+"/"))
+	b.WaitFor(t, pageWait, "ann's clusters", `document.querySelector('#live.ok') && document.querySelector('tr[data-cluster="east"]')`)
+	if who := browsertest.Eval[string](t, b, `document.getElementById("who").textContent`); !strings.Contains(who, "spiffe://"+td+"/operator/ann") || !strings.Contains(who, "tenant acme") || !strings.Contains(who, "may act") {
+		t.Errorf("who: %q, want ann, of tenant acme, who may act", who)
+	}
+	b.Screenshot(t, "tenant-operator")
+	pages := map[string]string{"#clusters": `document.querySelectorAll('#clusters tr[data-cluster]').length === 1`}
+	pages["#fleets"] = `document.querySelectorAll('#fleets tr[data-fleet]').length === 1 && document.querySelector('tr[data-fleet="acme/fleet"]')`
+	pages["#sinks"] = `document.querySelectorAll('#sinks tr[data-stream]').length === 1`
+	pages["#refusals"] = `document.querySelector('tr[data-refusal="east bank/steal"]') && document.querySelectorAll('#refusals tr[data-refusal]').length === 1`
+	pages["#refusals?host=api.bank.example.com"] = `document.getElementById('owners').textContent.includes("is not owned by any of your clusters")`
+	pages["#events"] = `document.querySelector('#events tr[data-kind="refusal"]')`
+	pages["#conflicts"] = `document.querySelector('#conflicts td.empty')`
+	for hash, ready := range pages {
+		show(t, b, hash)
+		b.WaitFor(t, pageWait, "ann's "+hash, ready)
+		noneOfGlobex(t, "ann's page "+hash, browsertest.Eval[string](t, b, `document.body.innerText`))
 	}
 }
