@@ -52,5 +52,6 @@ proto: ## regenerate mcp/v1alpha1 from mcp.proto (pinned protoc and plugins)
 
 verify: ## fail when generated code, go.mod or go.sum are stale
 	$(GO) mod tidy -diff
+	cd test/monitoring && $(GO) mod tidy -diff  # its own module, whose go.sum follows the root's go.mod
 	./hack/proto.sh
 	@git diff --exit-code -- mcp/v1alpha1 || { echo "generated code is stale: run make proto and commit"; exit 1; }

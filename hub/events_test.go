@@ -153,3 +153,22 @@ func TestSinkStates(t *testing.T) {
 		}
 	}
 }
+
+// An object a reload's new ownership withdraws is a refusal too, counted and shown with
+// the others.
+func TestReloadWithdrawalIsARefusal(t *testing.T) {
+	h := testHub(t, twoClusters)
+	if err := h.Apply("east", vsPush(t, "shop/a")); err != nil {
+		t.Fatal(err)
+	}
+	reload(t, h, strings.Replace(twoClusters, "namespaces: [shop]", "namespaces: [other]", 1))
+	var got []string
+	for _, e := range h.Events(0).Events {
+		if e.Kind == api.EventRefusal {
+			got = append(got, e.Cluster+" "+e.Name+" "+e.Reason+" "+e.Message)
+		}
+	}
+	if len(got) != 1 || !strings.HasPrefix(got[0], "east shop/a not_owned a configuration reload: ") {
+		t.Errorf("refusal events after the reload: %q", got)
+	}
+}

@@ -168,6 +168,9 @@ func (h *Hub) recheckOwnership(comp *compiled, cause string) (map[string][]refus
 			cs.rejections[r.collection][r.name] = r.reason
 		}
 		cs.mu.Unlock()
+		for _, r := range rs {
+			h.note(api.Event{Kind: api.EventRefusal, Cluster: cluster, Collection: r.collection, Name: r.name, Reason: api.ReasonNotOwned, Message: cause + ": " + r.reason})
+		}
 		cs.log.Warn(cause+": stored resources no longer allowed; not served any more", "count", len(rs))
 	}
 	return refused, held
