@@ -29,7 +29,7 @@ func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
 
 // Execute runs root on args (without the program's name) and returns the exit status: 0,
-// or 1 after printing "Error: ..." to stderr (an ExitError chooses its status). A usage
+// or 1 after printing "Error: ..." (or the hub's "Error from server (NotFound): ...") to stderr (an ExitError chooses its status). A usage
 // error (an unknown command or flag, wrong arguments) also says where the usage is.
 func Execute(ctx context.Context, root *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(Normalize(root, args))
@@ -41,7 +41,11 @@ func Execute(ctx context.Context, root *cobra.Command, args []string, stdout, st
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "Error: %v\n", err)
+	if msg := err.Error(); strings.HasPrefix(msg, "Error from server") {
+		fmt.Fprintln(stderr, msg) // the server's answer, worded as kubectl words it
+	} else {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+	}
 	var ue *usageError
 	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command ") {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())

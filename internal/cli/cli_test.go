@@ -25,7 +25,10 @@ func tree(ran *[]string) *cobra.Command {
 	group := Group(&cobra.Command{Use: "certs"})
 	group.AddCommand(&cobra.Command{Use: "issue", RunE: func(*cobra.Command, []string) error { *ran = append(*ran, "issue"); return nil }})
 	fail := &cobra.Command{Use: "fail", RunE: func(*cobra.Command, []string) error { return &ExitError{Code: 3, Err: errors.New("boom")} }}
-	root.AddCommand(why, group, fail, VersionCommand())
+	missing := &cobra.Command{Use: "missing", RunE: func(*cobra.Command, []string) error {
+		return errors.New(`Error from server (NotFound): vs "shop/a" not found`)
+	}}
+	root.AddCommand(why, group, fail, missing, VersionCommand())
 	return root
 }
 
@@ -60,6 +63,7 @@ func TestExecute(t *testing.T) {
 		{[]string{"why", "vs"}, 1, "", "Error: accepts 2 arg(s), received 1 (usage: prog why A B [flags])\nRun 'prog why --help' for usage.\n"},
 		{[]string{"why", "--nope", "a", "b"}, 1, "", "Error: unknown flag: --nope\nRun 'prog why --help' for usage.\n"},
 		{[]string{"fail"}, 3, "", "Error: boom\n"},
+		{[]string{"missing"}, 1, "", "Error from server (NotFound): vs \"shop/a\" not found\n"},
 		{[]string{"version", "-o", "xml"}, 1, "", "Error: -o \"xml\": want one of text, json, yaml\nRun 'prog version --help' for usage.\n"},
 	} {
 		var ran []string
