@@ -1,11 +1,16 @@
 package admin
 
 import (
+	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/meshfed/meshfed/mcp/kinds"
 )
@@ -47,4 +52,47 @@ func TestSubscribeCollections(t *testing.T) {
 			t.Errorf("%q: %v, want %q", typed, err, want)
 		}
 	}
+}
+
+// A plaintext subscribe to a TLS listener (a newcomer's first try at the development hub)
+// is told to give a certificate, not only that the stream ended.
+func TestSubscribePlaintextToTLSSaysWhy(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- subscribe(ctx, &out, srv.Listener.Addr().String(), "", "", "", "n", "vs", "") }()
+	for !strings.Contains(out.String(), "(retrying") {
+		select {
+		case err := <-done:
+			t.Fatalf("subscribe ended: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	<-done
+	if !strings.Contains(out.String(), "give --cert, --key and --ca") {
+		t.Errorf("a plaintext stream to a TLS listener ended without the hint:\n%s", out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer written by one goroutine and read by another.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -72,7 +72,12 @@ func subscribe(ctx context.Context, out io.Writer, serve, cert, key, caFile, nod
 	fmt.Fprintf(out, "subscribing to %s as node %q\n", serve, node)
 	mcp.Redial(ctx, []string{serve}, creds, mcp.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second},
 		slog.New(slog.NewTextHandler(io.Discard, nil)), func(addr string, err error) {
-			fmt.Fprintf(out, "stream to %s ended: %v (retrying)\n", addr, err)
+			hint := ""
+			if cert == "" && strings.Contains(err.Error(), "error reading server preface") {
+				// A plaintext client of a TLS listener reads the server's TLS alert as garbage.
+				hint = "; the hub may speak TLS: give --cert, --key and --ca (hub certs issue --sink NAME --out DIR)"
+			}
+			fmt.Fprintf(out, "stream to %s ended: %v (retrying%s)\n", addr, err, hint)
 		}, func(ctx context.Context, conn *grpc.ClientConn) error { return sink.PullFrom(ctx, conn) })
 	return nil
 }
