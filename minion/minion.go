@@ -473,6 +473,18 @@ func (m *Minion) httpHandler() http.Handler {
 		_ = enc.Encode(m.Status())
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	// The root says what there is: the fleet's dashboard is the hub's, which sees every
+	// cluster; a minion knows only its own.
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "meshfed minion of cluster %q\n\n", m.cfg.Cluster)
+		fmt.Fprintln(w, "/status        what it watches, pushes and relays (JSON)")
+		fmt.Fprintln(w, "/healthz       alive")
+		fmt.Fprintln(w, "/readyz        every source synced (503 names those that are not)")
+		fmt.Fprintln(w, "/metrics       Prometheus")
+		fmt.Fprintln(w, "/debug/pprof/  profiles")
+		fmt.Fprintln(w, "\nThe fleet's dashboard is the hub's: its admin listener's / (hub status from a terminal).")
+	})
 	ops.AddPprof(mux)
 	return mux
 }

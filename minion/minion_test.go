@@ -282,6 +282,12 @@ func TestHTTPEndpoints(t *testing.T) {
 	if code, _ := get("/healthz"); code != 200 {
 		t.Errorf("/healthz = %d", code)
 	}
+	if code, body := get("/"); code != 200 || !strings.Contains(body, "/status") || !strings.Contains(body, "dashboard is the hub's") {
+		t.Errorf("/ = %d %q: want what the minion serves, and where the dashboard is", code, body)
+	}
+	if code, _ := get("/nothing"); code != http.StatusNotFound {
+		t.Errorf("/nothing = %d, want 404", code)
+	}
 	// The files sync at once, the upstream never: once the files have (on a loaded machine
 	// that takes a moment), /readyz names only the upstream.
 	var code int
