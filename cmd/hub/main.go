@@ -11,9 +11,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -25,12 +22,7 @@ import (
 	"github.com/meshfed/meshfed/internal/procmetrics"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Execute(ctx, newRoot(), os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(newRoot()) }
 
 // newRoot is the hub's command tree: the root runs the hub.
 func newRoot() *cobra.Command {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,48 +9,16 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 )
-
-// hubBin is the hub binary the process tests run, built once by TestMain.
-var hubBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "hub-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	hubBin = filepath.Join(dir, "hub")
-	if out, err := exec.Command("go", "build", "-o", hubBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
 
 // runHub runs the hub binary with args in dir until it ends (within a minute) and returns
 // its exit status and output.
 func runHub(t *testing.T, dir string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, hubBin, args...)
-	cmd.Dir = dir
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("hub %q did not end: it runs a hub?\n%s", args, e.String())
-	}
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode(), o.String(), e.String()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return 0, o.String(), e.String()
+	return testproc.Exit(t, testbin.Own(t, "hub"), dir, time.Minute, args...)
 }
 
 // Words run their command and end; none starts a hub (which would create its development
@@ -98,7 +64,7 @@ func TestWordsStartNothing(t *testing.T) {
 // it makes its development CA, and runs until it is told to stop.
 func TestNoArgumentsRunsTheHub(t *testing.T) {
 	dir := t.TempDir()
-	cmd := exec.Command(hubBin, "--log-format", "text")
+	cmd := exec.Command(testbin.Own(t, "hub"), "--log-format", "text")
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

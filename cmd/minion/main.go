@@ -5,23 +5,13 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/spf13/cobra"
 
 	"github.com/meshfed/meshfed/internal/cli"
 	"github.com/meshfed/meshfed/minion"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Execute(ctx, newRoot(), os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(newRoot()) }
 
 // newRoot is the minion's command tree: the root runs the minion.
 func newRoot() *cobra.Command {

@@ -2,58 +2,23 @@ package main
 
 import (
 	"bufio"
-	"bytes"
-	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshfed/meshfed/internal/cli"
+	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 )
 
-// minionBin is the minion binary the process tests run, built once by TestMain.
-var minionBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "minion-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	minionBin = filepath.Join(dir, "minion")
-	if out, err := exec.Command("go", "build", "-o", minionBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
+// runMinion runs the minion binary with args in dir until it ends (within a minute) and
+// returns its exit status and output (stdout and stderr together).
 func runMinion(t *testing.T, dir string, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, minionBin, args...)
-	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("minion %q did not end: it runs a minion?\n%s", args, out.String())
-	}
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode(), out.String()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return 0, out.String()
+	code, stdout, stderr := testproc.Exit(t, testbin.Own(t, "minion"), dir, time.Minute, args...)
+	return code, stdout + stderr
 }
 
 // Words run their command and end; none starts a minion. A word that is no command is an

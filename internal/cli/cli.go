@@ -13,7 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -141,4 +144,14 @@ func Normalize(root *cobra.Command, args []string) []string {
 		}
 	}
 	return out
+}
+
+// Main runs root on the program's arguments until it ends or the process is told to stop
+// (SIGINT, SIGTERM: the command's context ends and a server shuts down), then exits with
+// Execute's status.
+func Main(root *cobra.Command) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Execute(ctx, root, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }

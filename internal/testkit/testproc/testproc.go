@@ -10,12 +10,16 @@ package testproc
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"errors"
 	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // TB is the part of testing.TB this package uses (a benchmark command that is not a test
@@ -145,4 +149,30 @@ func (p *Proc) Tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return p.name + " (" + state + ") output:\n" + strings.Join(lines, "\n")
+}
+
+// Exit runs the program at path with args in dir until it ends and returns its exit status
+// and output, for a program that is to end by itself: one still running after limit is
+// killed and fails t.
+func Exit(t TB, path, dir string, limit time.Duration, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("%s %q did not end within %s:\n%s", filepath.Base(path), args, limit, e.String())
+	}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.ExitCode(), o.String(), e.String()
+	case err != nil:
+		t.Fatalf("run %s: %v", filepath.Base(path), err)
+	}
+	return 0, o.String(), e.String()
 }
