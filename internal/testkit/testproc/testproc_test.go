@@ -101,3 +101,33 @@ func TestStartFails(t *testing.T) {
 		t.Errorf("Fatalf(%q), want start prog: ...", f.msg)
 	}
 }
+
+// fatals records Fatalf instead of ending the test, to test what fails it.
+type fatals struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatals) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func TestExit(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := Exit(t, "/bin/sh", dir, time.Minute, "-c", "pwd; echo err >&2; exit 3")
+	if code != 3 || strings.TrimSpace(out) != dir || errOut != "err\n" {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// A program that does not end by itself fails the test, and is killed.
+	f := &fatals{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Exit(f, "/bin/sleep", dir, 100*time.Millisecond, "60")
+	}()
+	<-done
+	if !strings.Contains(f.msg, "did not end within 100ms") {
+		t.Errorf("a program still running: %q", f.msg)
+	}
+}
