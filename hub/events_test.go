@@ -21,7 +21,7 @@ func TestRefusalsAreEventsOfTheirTenant(t *testing.T) {
 	if err := h.Apply("north", vsPush(t, "cart/y")); err == nil {
 		t.Fatal("north published acme's namespace")
 	}
-	all := h.events.since(vendor(h.current().comp), 0, 0)
+	all := h.Events(0)
 	var refusals []string
 	for _, e := range all.Events {
 		if e.Kind == api.EventRefusal {
@@ -32,7 +32,7 @@ func TestRefusalsAreEventsOfTheirTenant(t *testing.T) {
 		t.Errorf("the vendor's refusal events: %q, want %q", got, want)
 	}
 	acme := viewer{tenant: "acme", comp: h.current().comp}
-	for _, e := range h.events.since(acme, 0, 0).Events {
+	for _, e := range h.events.since(acme, 0, "", 0).Events {
 		if e.Tenant != "acme" {
 			t.Errorf("acme's operator is shown %+v", e)
 		}
@@ -53,7 +53,7 @@ func TestRefusalReasons(t *testing.T) {
 	bad.Resources[0].Body.Value = []byte{0xff, 0xff}
 	_ = h.Apply("west", bad)
 	got := map[string]string{}
-	for _, e := range h.events.since(vendor(h.current().comp), 0, 0).Events {
+	for _, e := range h.Events(0).Events {
 		if e.Kind == api.EventRefusal {
 			got[e.Name] = e.Reason
 		}
@@ -77,11 +77,11 @@ func TestJournalRingPerTenant(t *testing.T) {
 		j.add(api.Event{Tenant: "a", Message: fmt.Sprint(i)})
 	}
 	comp := testHub(t, twoTenants).current().comp
-	b := j.since(viewer{tenant: "b", comp: comp}, 0, 0)
+	b := j.since(viewer{tenant: "b", comp: comp}, 0, "", 0)
 	if len(b.Events) != 1 || b.Events[0].Message != "b's" || b.Dropped {
 		t.Errorf("b's events after a's flood: %+v", b)
 	}
-	all := j.since(vendor(comp), 0, 0)
+	all := j.since(vendor(comp), 0, "", 0)
 	if len(all.Events) != eventsPerTenant+2 || !all.Dropped || all.Next != uint64(3*eventsPerTenant+2) {
 		t.Errorf("the vendor is shown %d events (dropped %v, next %d)", len(all.Events), all.Dropped, all.Next)
 	}
@@ -90,22 +90,26 @@ func TestJournalRingPerTenant(t *testing.T) {
 	}
 	// Asked from where it left off, a client gets what came after, and nothing dropped.
 	j.add(api.Event{Tenant: "b", Message: "later"})
-	next := j.since(vendor(comp), all.Next, 0)
+	next := j.since(vendor(comp), all.Next, "", 0)
 	if len(next.Events) != 1 || next.Events[0].Message != "later" || next.Dropped {
 		t.Errorf("after %d: %+v", all.Next, next)
 	}
-	// b's operator, asking after a's events it never saw, is not told it missed any.
-	if nb := j.since(viewer{tenant: "b", comp: comp}, b.Next, 0); len(nb.Events) != 1 || nb.Dropped {
+	// b's operator numbers b's events on their own: 1, 2, not the journal's; asking after
+	// the last it saw, it is not told it missed a's.
+	if b.Events[0].Seq != 1 || b.Next != 1 {
+		t.Errorf("b's first event is %d, next %d: the gaps would count the others' events", b.Events[0].Seq, b.Next)
+	}
+	if nb := j.since(viewer{tenant: "b", comp: comp}, b.Next, "", 0); len(nb.Events) != 1 || nb.Events[0].Seq != 2 || nb.Dropped || nb.Reset {
 		t.Errorf("b after %d: %+v", b.Next, nb)
 	}
-	if l := j.since(vendor(comp), 0, 10); len(l.Events) != 10 || l.Events[9].Message != "later" || !l.Dropped {
+	if l := j.since(vendor(comp), 0, "", 10); len(l.Events) != 10 || l.Events[9].Message != "later" || !l.Dropped {
 		t.Errorf("limit 10: the newest 10, dropped: %d, %+v", len(l.Events), l.Events[9])
 	}
 }
 
 func TestEventsEndpointRefusesBadInput(t *testing.T) {
 	h := testHub(t, twoClusters)
-	for q, want := range map[string]string{"since=x": `since: "x"`, "limit=0": `limit: "0"`, "limit=-3": `limit: "-3"`} {
+	for q, want := range map[string]string{"since=x": `since: "x"`, "limit=0": `limit: "0"`, "limit=-3": `limit: "-3"`, "sinc=5": `parameter "sinc": unknown`} {
 		w := httptest.NewRecorder()
 		h.serveEvents(w, httptest.NewRequest(http.MethodGet, "/api/events?"+q, nil))
 		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), want) {
@@ -170,5 +174,30 @@ func TestReloadWithdrawalIsARefusal(t *testing.T) {
 	}
 	if len(got) != 1 || !strings.HasPrefix(got[0], "east shop/a not_owned a configuration reload: ") {
 		t.Errorf("refusal events after the reload: %q", got)
+	}
+}
+
+// Numbers start again with the process: a client asking with another process's boot, or a
+// number beyond the newest, is answered from the start and told to drop what it had.
+func TestJournalReset(t *testing.T) {
+	comp := testHub(t, twoTenants).current().comp
+	old, j := newJournal(), newJournal()
+	for range 5 {
+		old.add(api.Event{Message: "before the restart"})
+	}
+	was := old.since(vendor(comp), 0, "", 0)
+	j.add(api.Event{Message: "after"})
+	for _, tc := range []struct {
+		name string
+		seq  uint64
+		boot string
+	}{{"another boot", 1, was.Boot}, {"beyond the newest", was.Next, ""}} {
+		got := j.since(vendor(comp), tc.seq, tc.boot, 0)
+		if !got.Reset || len(got.Events) != 1 || got.Events[0].Message != "after" || got.Boot == was.Boot {
+			t.Errorf("%s: %+v", tc.name, got)
+		}
+	}
+	if got := j.since(vendor(comp), 1, j.since(vendor(comp), 0, "", 0).Boot, 0); got.Reset || len(got.Events) != 0 {
+		t.Errorf("the same process, up to date: %+v", got)
 	}
 }

@@ -7,7 +7,7 @@ import "time"
 // stream taking a cluster over, a replica joining or leaving. The hub keeps the recent
 // ones (GET /api/events); logs and metrics have the rest.
 type Event struct {
-	// Seq orders events; a client asks for those after the last one it has.
+	// Seq orders events; a client asks for those after the last one it has (see Events).
 	Seq  uint64    `json:"seq"`
 	Time time.Time `json:"time"`
 	// Kind is one of the Event* constants.
@@ -24,11 +24,18 @@ type Event struct {
 	Message string `json:"message"`
 }
 
-// Events is an answer of GET /api/events?since=SEQ: the events after SEQ that are still
-// kept, oldest first, and Next, the SEQ to ask with next time.
+// Events is an answer of GET /api/events?since=SEQ&boot=BOOT: the events after SEQ that
+// are still kept, oldest first, and Next, the SEQ to ask with next time, with Boot.
+//
+// Numbers are the asker's: a tenant's operator sees its tenant's events numbered on their
+// own. They start again with the hub's process; Boot names the process, and a client that
+// asks with another's Boot, or a SEQ beyond the newest, gets every kept event with Reset
+// set (it should drop what it had: the hub restarted, or another replica answered).
 type Events struct {
 	Events []Event `json:"events"`
 	Next   uint64  `json:"next"`
+	Boot   string  `json:"boot"`
+	Reset  bool    `json:"reset,omitempty"`
 	// Dropped: events after SEQ that are no longer kept (the client fell behind).
 	Dropped bool `json:"dropped,omitempty"`
 }

@@ -22,6 +22,7 @@ const state = {
   who: null,
   events: [],
   nextEvent: 0,
+  boot: '', // the hub process the numbers are of
   droppedEvents: false,
   kinds: null,
   timer: 0,
@@ -482,10 +483,16 @@ function renderEvents(params) {
 // ---- polling
 
 async function pollEvents() {
-  const e = await api('/api/events?since=' + state.nextEvent);
+  const e = await api('/api/events?since=' + state.nextEvent + '&boot=' + encodeURIComponent(state.boot));
+  if (e.reset) {
+    // Another hub process answered (a restart, or another replica): its numbers are its own.
+    state.events = [];
+    state.droppedEvents = false;
+  }
   if (e.dropped) state.droppedEvents = true;
   state.events = state.events.concat(e.events || []).slice(-KEEP_EVENTS);
   state.nextEvent = e.next;
+  state.boot = e.boot;
 }
 
 function showError(msg) {
