@@ -129,12 +129,13 @@ func (m *Metrics) views(n int) {
 	m.viewsGauge.Set(float64(n))
 }
 
-// reload counts a change of the configuration file by result, "applied" or "refused".
-func (m *Metrics) reload(result string) {
+// reloaded records the changes of the configuration file (nil, which records nothing, for
+// a nil m).
+func (m *Metrics) reloaded() *procmetrics.Reloads {
 	if m == nil {
-		return
+		return nil
 	}
-	m.reloads.Record(result)
+	return m.reloads
 }
 
 // event counts what the hub notes (note) that has a metric: refusals, by reason class.

@@ -46,6 +46,15 @@ func TestReloadSuccessMetrics(t *testing.T) {
 	if at() != started {
 		t.Errorf("a refusal moved the time of the last success from %v to %v", started, at())
 	}
+	// The operator puts the running configuration back: the refusal is over, and the
+	// running configuration is still the one of the start.
+	put(twoClusters)
+	testwait.For(t, 10*time.Second, "the file put back", func() bool { return ok() == 1 })
+	if at() != started {
+		t.Errorf("putting the file back moved the time of the last success from %v to %v", started, at())
+	}
+	put(twoClusters + "surprise: again\n")
+	testwait.For(t, 10*time.Second, "the second refusal", func() bool { return ok() == 0 })
 	put(strings.Replace(twoClusters, "warmUp: 1h", "warmUp: 2h", 1))
 	testwait.For(t, 10*time.Second, "the change applied", func() bool { return ok() == 1 })
 	if at() < started {

@@ -12,6 +12,7 @@ import (
 	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/procmetrics"
 )
 
 // ReloadResult says what a reload changed.
@@ -192,6 +193,7 @@ func (h *Hub) watchConfig(ctx context.Context, path string, debounce time.Durati
 	return ops.WatchFile(ctx, path, debounce, h.log, func(data []byte) {
 		next, err := ParseConfig(data)
 		if err == nil && reflect.DeepEqual(next, h.current().cfg) {
+			h.metrics.reloaded().Current() // put back after a refused change: nothing is amiss
 			return
 		}
 		if err == nil {
@@ -199,11 +201,11 @@ func (h *Hub) watchConfig(ctx context.Context, path string, debounce time.Durati
 		}
 		if err != nil {
 			h.log.Error("configuration refused; keeping the running one", "path", path, "err", err)
-			h.metrics.reload("refused")
+			h.metrics.reloaded().Record(procmetrics.ReloadRefused)
 			h.note(api.Event{Kind: api.EventReload, Reason: api.ReasonRefused, Message: fmt.Sprintf("%s refused; the running configuration stays: %v", path, err)})
 			return
 		}
-		h.metrics.reload("applied")
+		h.metrics.reloaded().Record(procmetrics.ReloadApplied)
 		h.note(api.Event{Kind: api.EventReload, Reason: api.ReasonApplied, Message: path + " applied"})
 	})
 }

@@ -88,12 +88,13 @@ func (m *Metrics) connect(addr, result string) {
 	m.connects.WithLabelValues(addr, result).Inc()
 }
 
-// reload counts a change of the configuration file by result, "applied" or "refused".
-func (m *Metrics) reload(result string) {
+// reloaded records the changes of the configuration file (nil, which records nothing, for
+// a nil m).
+func (m *Metrics) reloaded() *procmetrics.Reloads {
 	if m == nil {
-		return
+		return nil
 	}
-	m.reloads.Record(result)
+	return m.reloads
 }
 
 // certificates are the ones the running configuration uses: its identity's and its

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshfed/meshfed/internal/procmetrics"
 	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	meshtls "github.com/meshfed/meshfed/tls"
 	"github.com/meshfed/meshfed/tls/tlstest"
@@ -24,11 +25,11 @@ func TestReloadMetrics(t *testing.T) {
 	if ok() != 1 || started == 0 {
 		t.Fatalf("at the start: successful %v at %v; want 1 at the start time", ok(), started)
 	}
-	m.reload("refused")
+	m.reloaded().Record(procmetrics.ReloadRefused)
 	if ok() != 0 || at() != started {
 		t.Errorf("after a refusal: successful %v at %v; want 0, the last success kept (%v)", ok(), at(), started)
 	}
-	m.reload("applied")
+	m.reloaded().Record(procmetrics.ReloadApplied)
 	if ok() != 1 || at() < started {
 		t.Errorf("after an applied change: successful %v at %v; want 1 at a time no earlier than the start (%v)", ok(), at(), started)
 	}

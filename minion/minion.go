@@ -526,7 +526,7 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 					// The new configuration could not run (a listen address in use, say):
 					// go back to the one that did.
 					log.Error("configuration refused: it failed to start; going back to the previous one", "err", err)
-					tel.Metrics.reload("refused")
+					tel.Metrics.reloaded().FailedToStart()
 					if m, err = New(last, log, tel); err != nil {
 						return err
 					}
@@ -535,11 +535,11 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 					nm, err := New(next, log, tel)
 					if err != nil {
 						log.Error("configuration refused; keeping the running one", "err", err)
-						tel.Metrics.reload("refused")
+						tel.Metrics.reloaded().Record(procmetrics.ReloadRefused)
 						continue
 					}
 					log.Info("configuration changed; restarting components in-process")
-					tel.Metrics.reload("applied")
+					tel.Metrics.reloaded().Record(procmetrics.ReloadApplied)
 					cancel()
 					if err := <-done; err != nil {
 						log.Error("components stopped with an error", "err", err)
@@ -560,10 +560,11 @@ func watchConfig(ctx context.Context, path string, current *Config, debounce tim
 		cfg, err := ParseConfig(data)
 		if err != nil {
 			log.Error("configuration refused; keeping the running one", "path", path, "err", err)
-			tel.Metrics.reload("refused")
+			tel.Metrics.reloaded().Record(procmetrics.ReloadRefused)
 			return
 		}
 		if reflect.DeepEqual(cfg, current) {
+			tel.Metrics.reloaded().Current() // put back after a refused change: nothing is amiss
 			return
 		}
 		current = cfg

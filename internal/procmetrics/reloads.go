@@ -1,6 +1,7 @@
 package procmetrics
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,9 @@ type Reloads struct {
 	total    *prometheus.CounterVec
 	ok, okAt prometheus.Gauge
 	now      func() time.Time
+
+	mu           sync.Mutex
+	at, previous time.Time // the running configuration's success, and the one before
 }
 
 // NewReloads registers the reload metrics of subsystem ("hub", "minion") with reg. The
@@ -55,7 +59,35 @@ func (r *Reloads) Record(result string) {
 	r.ok.Set(0)
 }
 
-func (r *Reloads) applied() {
+// Current records that the file says what runs again (an operator put back the running
+// configuration after a refused change): the last reload is no longer failed, and the
+// running configuration's time stays.
+func (r *Reloads) Current() {
+	if r == nil {
+		return
+	}
 	r.ok.Set(1)
-	r.okAt.Set(float64(r.now().Unix()))
+}
+
+// FailedToStart records that the change last applied could not run (a listen address in
+// use) and the previous configuration runs again: a refusal, and the success time is the
+// previous configuration's.
+func (r *Reloads) FailedToStart() {
+	if r == nil {
+		return
+	}
+	r.total.WithLabelValues(ReloadRefused).Inc()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.at = r.previous
+	r.ok.Set(0)
+	r.okAt.Set(float64(r.at.Unix()))
+}
+
+func (r *Reloads) applied() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.previous, r.at = r.at, r.now()
+	r.ok.Set(1)
+	r.okAt.Set(float64(r.at.Unix()))
 }

@@ -32,11 +32,27 @@ func TestReloads(t *testing.T) {
 	if get("last_reload_successful", nil) != 1 || get("last_reload_success_timestamp_seconds", nil) != 5000 {
 		t.Errorf("after an applied change: successful %v at %v; want 1 at 5000", get("last_reload_successful", nil), get("last_reload_success_timestamp_seconds", nil))
 	}
-	for result, want := range map[string]float64{ReloadApplied: 1, ReloadRefused: 1} {
+	for result, want := range map[string]float64{ReloadApplied: 1, ReloadRefused: 1} { // so far
 		if n := get("reloads_total", map[string]string{"result": result}); n != want {
 			t.Errorf("reloads_total{result=%q} = %v, want %v", result, n, want)
 		}
 	}
+	// The operator puts the running configuration back after a refused change: the alert
+	// on the last reload clears, and the running configuration's time stays.
+	r.Record(ReloadRefused)
+	r.Current()
+	if get("last_reload_successful", nil) != 1 || get("last_reload_success_timestamp_seconds", nil) != 5000 {
+		t.Errorf("the file put back: successful %v at %v; want 1 at 5000", get("last_reload_successful", nil), get("last_reload_success_timestamp_seconds", nil))
+	}
+	// A change applied at 6000 fails to start: the one of 5000 runs again.
+	clock = time.Unix(6000, 0)
+	r.Record(ReloadApplied)
+	r.FailedToStart()
+	if get("last_reload_successful", nil) != 0 || get("last_reload_success_timestamp_seconds", nil) != 5000 {
+		t.Errorf("after a change that failed to start: successful %v at %v; want 0 at 5000", get("last_reload_successful", nil), get("last_reload_success_timestamp_seconds", nil))
+	}
 	var none *Reloads
 	none.Record(ReloadApplied) // records nothing, without panicking
+	none.Current()
+	none.FailedToStart()
 }
