@@ -220,6 +220,10 @@ func (h *Hub) Addrs() (ingest, serve, httpAddr string) {
 	return h.ingestAddr, h.serveAddr, h.httpAddr
 }
 
+// ErrNotStarted wraps what kept Run from starting: its state file, or a listener's address
+// (in use, say). Anything else Run returns came after it started.
+var ErrNotStarted = errors.New("hub not started")
+
 // Run serves until ctx ends.
 func (h *Hub) Run(ctx context.Context) (err error) {
 	h.started = h.now()
@@ -230,7 +234,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	// The clusters' last-known state is in the store before any stream: a minion that
 	// reconnects resumes from it, and a sink is served it.
 	if err := h.openState(); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
 	defer func() { err = errors.Join(err, h.closeState()) }()
 	g, ctx := errgroup.WithContext(ctx)
@@ -288,7 +292,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 		lis, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("%s: %w", l.name, err)
+			return fmt.Errorf("%w: %s: %w", ErrNotStarted, l.name, err)
 		}
 		h.mu.Lock()
 		*l.set = lis.Addr().String()
@@ -317,7 +321,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	if h.cfg.HTTP != "" {
 		addr, err := ops.ServeHTTP(ctx, g, h.cfg.HTTP, admin)
 		if err != nil {
-			return errors.Join(fmt.Errorf("http: %w", err), h.stop(g))
+			return errors.Join(fmt.Errorf("%w: http: %w", ErrNotStarted, err), h.stop(g))
 		}
 		h.mu.Lock()
 		h.httpAddr = addr
@@ -329,7 +333,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 		// its requests carry a certificate the handshake verified (see operator).
 		addr, err := ops.ServeHTTPS(ctx, g, h.cfg.AdminTLS, h.viaAdminTLS(admin), h.adminTLS, h.log.With("listener", "adminTLS"))
 		if err != nil {
-			return errors.Join(fmt.Errorf("adminTLS: %w", err), h.stop(g))
+			return errors.Join(fmt.Errorf("%w: adminTLS: %w", ErrNotStarted, err), h.stop(g))
 		}
 		h.mu.Lock()
 		h.adminAddr = addr

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -62,7 +63,10 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 	// Failures are logged (for log pipelines) and returned (for the person at the terminal).
 	notStarted := func(err error) error {
 		log.Error("hub not started", "err", err)
-		return &cli.ExitError{Code: 2, Err: fmt.Errorf("hub not started: %w", err)}
+		if !errors.Is(err, hub.ErrNotStarted) {
+			err = fmt.Errorf("%w: %w", hub.ErrNotStarted, err)
+		}
+		return &cli.ExitError{Code: 2, Err: err}
 	}
 	cfg := hub.DefaultConfig()
 	if path != "" {
@@ -79,6 +83,9 @@ func run(ctx context.Context, path string, log *slog.Logger) error {
 		err = h.RunWithReload(ctx, path) // valid changes of the file apply without a restart
 	} else {
 		err = h.Run(ctx)
+	}
+	if errors.Is(err, hub.ErrNotStarted) {
+		return notStarted(err)
 	}
 	if err != nil {
 		log.Error("hub stopped", "err", err)

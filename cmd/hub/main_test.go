@@ -1,17 +1,19 @@
 package main
 
 import (
-	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testproc"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 // runHub runs the hub binary with args in dir until it ends (within a minute) and returns
@@ -61,43 +63,47 @@ func TestWordsStartNothing(t *testing.T) {
 }
 
 // With no command the hub runs on its development configuration (the README's first step):
-// it makes its development CA, and runs until it is told to stop.
+// it makes its development CA and listens on the development addresses, until it is told to
+// stop. Those addresses are fixed, so it runs in a network namespace of its own (its own
+// loopback): it cannot clash with a hub on this machine, nor one of another test run.
 func TestNoArgumentsRunsTheHub(t *testing.T) {
-	dir := t.TempDir()
-	cmd := exec.Command(testbin.Own(t, "hub"), "--log-format", "text")
-	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	if os.Geteuid() != 0 {
+		t.Skip("the development hub's fixed addresses are tested in a network namespace of its own, which needs root")
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
+	for _, tool := range []string{"unshare", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (util-linux, iproute2): the development hub runs in a network namespace of its own", tool)
 		}
+	}
+	dir := t.TempDir()
+	want := map[string]bool{}
+	cfg := hub.DefaultConfig()
+	for name, addr := range map[string]string{"ingest": cfg.Ingest, "serve": cfg.Serve, "http": cfg.HTTP, "adminTLS": cfg.AdminTLS} {
+		want["msg=listening listener="+name+" addr="+addr] = true
+	}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	p := testproc.Start(t, testproc.Options{Path: "unshare", Dir: dir, Name: "hub",
+		Args: []string{"--net", "sh", "-c", `ip link set lo up && exec "$0" --log-format text`, testbin.Own(t, "hub")},
+		OnLine: func(line string) {
+			for w := range want {
+				if strings.Contains(line, w) {
+					mu.Lock()
+					seen[w] = true
+					mu.Unlock()
+				}
+			}
+		}})
+	testwait.For(t, 30*time.Second, "the development hub listening on every development address", func() bool {
+		if p.Exited() {
+			t.Fatalf("hub with no arguments ended:\n%s", p.Tail(50))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) == len(want)
 	})
-	ca := filepath.Join(dir, ".meshfed", "hub", "ca", "ca.crt")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(ca); err == nil {
-			break
-		}
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("hub with no arguments ended (%v) without making its development CA:\n%s", err, out.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hub with no arguments made no development CA in 30s:\n%s", out.String())
-		}
+	if _, err := os.Stat(filepath.Join(dir, ".meshfed", "hub", "ca", "ca.crt")); err != nil {
+		t.Errorf("no development CA: %v", err)
 	}
 }
 
@@ -130,14 +136,28 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// A hub that cannot start says why on the terminal and in its log, and exits 2.
+// A hub that cannot start says why on the terminal and in its log, and exits 2: a
+// configuration it refuses, and an address another process has.
 func TestNotStarted(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "hub.yaml"), []byte("clusters: []\n"), 0o644); err != nil {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	code, _, errOut := runHub(t, dir, "-config", "hub.yaml")
-	if code != 2 || !strings.Contains(errOut, `"msg":"hub not started"`) || !strings.Contains(errOut, "Error: hub not started: ") {
-		t.Errorf("exit %d:\n%s", code, errOut)
+	defer taken.Close()
+	for file, content := range map[string]string{
+		"refused.yaml": "clusters: []\n",
+		"taken.yaml":   "insecure: true\ningest: 127.0.0.1:0\nserve: " + taken.Addr().String() + "\nclusters: [{name: dev, identities: [dev], namespaces: ['*']}]\nstateDir: state\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errOut := runHub(t, dir, "-config", file)
+		if code != 2 || !strings.Contains(errOut, `"msg":"hub not started"`) || !strings.Contains(errOut, "Error: hub not started: ") {
+			t.Errorf("%s: exit %d:\n%s", file, code, errOut)
+		}
+		if file == "taken.yaml" && !strings.Contains(errOut, "serve: listen tcp "+taken.Addr().String()) {
+			t.Errorf("%s: the error does not name the listener and its address:\n%s", file, errOut)
+		}
 	}
 }

@@ -38,6 +38,8 @@ type Options struct {
 	Args []string
 	// Env is its environment, "KEY=value"; nil: the test's own.
 	Env []string
+	// Dir is its working directory; "": the test's.
+	Dir string
 	// Name names the process in messages; default the base name of Path.
 	Name string
 	// Log, if set, gets every line of output (with its newline), as it is read: typically
@@ -74,7 +76,7 @@ func Start(t TB, o Options) *Proc {
 		name = filepath.Base(o.Path)
 	}
 	cmd := exec.Command(o.Path, o.Args...)
-	cmd.Env = o.Env
+	cmd.Env, cmd.Dir = o.Env, o.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
