@@ -9,6 +9,7 @@
 package configcheck
 
 import (
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -48,14 +49,15 @@ var (
 )
 
 // errorLine finds the line an error of ParseConfig is about: a YAML syntax error says it,
-// an unknown field is found by its name, any other names its field's path.
+// an unknown field is found where the configuration's type has no field of its name, any
+// other names its field's path.
 func errorLine(data []byte, msg string) int {
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		n, _ := strconv.Atoi(m[1])
 		return n
 	}
 	if m := unknownField.FindStringSubmatch(msg); m != nil {
-		return KeyLine(data, m[1])
+		return UnknownKeyLine(data, reflect.TypeFor[hub.Config](), m[1])
 	}
 	// The path may follow what failed ("acl: invalid configuration: clusters[1] ...").
 	for rest := msg; ; {

@@ -1,8 +1,11 @@
 package configcheck
 
 import (
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/meshfed/meshfed/hub"
 )
 
 const base = `insecure: true
@@ -35,6 +38,9 @@ func TestCheckErrorsWithLines(t *testing.T) {
 		{"a host pattern", strings.Replace(base, `"*.pay.example.com"`, `"*.pay.example.com", "Bad Host"]`+"\n  #", 1),
 			`clusters[1] ("west").hosts`, 11},
 		{"an unknown field", strings.Replace(base, "  namespaces: [pay]", "  namespace: [pay]", 1), `unknown field "namespace"`, 10},
+		// namespaces is a field of clusters[], not of limits: the line is limits'.
+		{"a key valid elsewhere", base + "limits:\n  namespaces: [x]\n", `unknown field "namespaces"`, 16},
+		{"an unknown field of a rule", strings.Replace(base, `identities: ["*"]}`, `identities: ["*"], cluster: [east]}`, 1), `unknown field "cluster"`, 14},
 		{"YAML", base + "routing: [\n", "not valid YAML", 0},
 		{"a duration", base + "warmUp: soon\n", `warmUp: "soon" is not a duration`, 15},
 		{"a type", base + "maxMessageSize: big\n", "maxMessageSize: want a int", 15},
@@ -137,6 +143,8 @@ func FuzzLine(f *testing.F) {
 		if line < 0 || line > strings.Count(string(data), "\n")+1 {
 			t.Errorf("Line = %d for a file of %d lines", line, strings.Count(string(data), "\n")+1)
 		}
-		_ = KeyLine(data, path)
+		if l := UnknownKeyLine(data, reflect.TypeFor[hub.Config](), path); l < 0 || l > strings.Count(string(data), "\n")+1 {
+			t.Errorf("UnknownKeyLine = %d for a file of %d lines", l, strings.Count(string(data), "\n")+1)
+		}
 	})
 }

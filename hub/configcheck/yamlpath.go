@@ -1,6 +1,8 @@
 package configcheck
 
 import (
+	"maps"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -122,28 +124,77 @@ func child(n *yaml.Node, st step) (*yaml.Node, int) {
 	return nil, 0
 }
 
-// KeyLine returns the line of the first mapping key named key anywhere in data (for an
-// unknown field, which the decoder names without its path), or 0.
-func KeyLine(data []byte, key string) int {
+// UnknownKeyLine returns the line of the first mapping key named key where the type the
+// file decodes into (t, as encoding/json reads it: fields by their json names) has no such
+// field, or 0. The decoder names an unknown field without its path; a key of that name may
+// well be valid elsewhere in the file (namespaces under clusters, not under limits).
+func UnknownKeyLine(data []byte, t reflect.Type, key string) int {
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
 		return 0
 	}
-	var find func(n *yaml.Node) int
-	find = func(n *yaml.Node) int {
-		if n.Kind == yaml.MappingNode {
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				if n.Content[i].Value == key {
-					return n.Content[i].Line
-				}
-			}
-		}
-		for _, c := range n.Content {
-			if l := find(c); l > 0 {
+	return unknownKey(doc.Content[0], t, key)
+}
+
+func unknownKey(n *yaml.Node, t reflect.Type, key string) int {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case n.Kind == yaml.SequenceNode && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+		for _, item := range n.Content {
+			if l := unknownKey(item, t.Elem(), key); l > 0 {
 				return l
 			}
 		}
-		return 0
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
+		for i := 1; i < len(n.Content); i += 2 {
+			if l := unknownKey(n.Content[i], t.Elem(), key); l > 0 {
+				return l
+			}
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		fields := jsonFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			name := n.Content[i].Value
+			ft, ok := fields[name]
+			for f, typ := range fields {
+				if !ok && strings.EqualFold(f, name) { // as encoding/json matches them
+					ft, ok = typ, true
+				}
+			}
+			if !ok {
+				if name == key {
+					return n.Content[i].Line
+				}
+				continue
+			}
+			if l := unknownKey(n.Content[i+1], ft, key); l > 0 {
+				return l
+			}
+		}
 	}
-	return find(&doc)
+	return 0
+}
+
+// jsonFields are the fields of struct type t by the names encoding/json reads them under,
+// those of embedded structs included.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-" || !f.IsExported() && !f.Anonymous:
+		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+			maps.Copy(out, jsonFields(f.Type))
+		case name == "":
+			out[f.Name] = f.Type
+		default:
+			out[name] = f.Type
+		}
+	}
+	return out
 }
