@@ -3,6 +3,7 @@ package admin
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -95,4 +96,43 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// --admin takes HOST:PORT, and a URL of the scheme the connection speaks, as people paste
+// them; anything else says what to give.
+func TestAdminAddr(t *testing.T) {
+	for _, tc := range []struct{ given, scheme, want, err string }{
+		{"", "http", "127.0.0.1:9990", ""},
+		{"10.0.0.1:9990", "http", "10.0.0.1:9990", ""},
+		{"http://127.0.0.1:1", "http", "127.0.0.1:1", ""},
+		{"http://hub.example.com:9990/", "http", "hub.example.com:9990", ""},
+		{"https://hub:9991", "https", "hub:9991", ""},
+		{"https://hub:9991", "http", "", "without --cert the hub's http listener is asked over http"},
+		{"http://hub:9990", "https", "", "with --cert the hub's adminTLS listener is asked over https"},
+		{"hub", "http", "", "want HOST:PORT"},
+		{"http://hub:9990/api", "http", "", "want HOST:PORT"},
+	} {
+		got, err := adminAddr(tc.given, tc.scheme, "127.0.0.1:9990")
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("adminAddr(%q, %s) = %q, %v; want %q, %q", tc.given, tc.scheme, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// adminAddr takes anything: an address it returns is a HOST:PORT without a path.
+func FuzzAdminAddr(f *testing.F) {
+	for _, s := range []string{"", "h:1", "http://h:1/", "https://[::1]:9991", "://", "http://"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, given string) {
+		for _, scheme := range []string{"http", "https"} {
+			addr, err := adminAddr(given, scheme, "127.0.0.1:9990")
+			if err != nil {
+				continue
+			}
+			if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "/") {
+				t.Errorf("adminAddr(%q, %s) = %q", given, scheme, addr)
+			}
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -45,9 +46,9 @@ func (c *conn) client() (*client, error) {
 		if c.key != "" || c.ca != "" || c.serverName != "" {
 			return nil, errors.New("--key, --ca and --server-name go with --cert (a client certificate, for the hub's adminTLS listener)")
 		}
-		addr := c.addr
-		if addr == "" {
-			addr = "127.0.0.1:9990"
+		addr, err := adminAddr(c.addr, "http", "127.0.0.1:9990")
+		if err != nil {
+			return nil, err
 		}
 		return &client{base: "http://" + addr, http: &http.Client{Timeout: 10 * time.Second}}, nil
 	}
@@ -57,9 +58,9 @@ func (c *conn) client() (*client, error) {
 	case c.ca == "":
 		return nil, errors.New("--ca: required with --cert (the bundle the hub's certificate must chain to)")
 	}
-	addr := c.addr
-	if addr == "" {
-		addr = "127.0.0.1:9991"
+	addr, err := adminAddr(c.addr, "https", "127.0.0.1:9991")
+	if err != nil {
+		return nil, err
 	}
 	src, err := meshtls.NewSource(meshtls.Files{Cert: c.cert, Key: c.key, CA: c.ca}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -67,6 +68,29 @@ func (c *conn) client() (*client, error) {
 	}
 	tr := &http.Transport{TLSClientConfig: src.ClientConfig(c.serverName)}
 	return &client{base: "https://" + addr, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}, nil
+}
+
+// adminAddr is --admin's HOST:PORT (def when empty). A URL is taken as people paste it
+// when its scheme is the one this connection speaks (http, or https with --cert); another
+// scheme, a path or a missing port is an error naming what to give.
+func adminAddr(given, scheme, def string) (string, error) {
+	if given == "" {
+		return def, nil
+	}
+	addr := given
+	if s, rest, ok := strings.Cut(given, "://"); ok {
+		if s != scheme {
+			if scheme == "https" {
+				return "", fmt.Errorf("--admin %q: with --cert the hub's adminTLS listener is asked over https", given)
+			}
+			return "", fmt.Errorf("--admin %q: without --cert the hub's http listener is asked over http (give --cert, --key and --ca for its adminTLS listener)", given)
+		}
+		addr = strings.TrimSuffix(rest, "/")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "/") {
+		return "", fmt.Errorf("--admin %q: want HOST:PORT (the hub's admin listener), e.g. 127.0.0.1:9990", given)
+	}
+	return addr, nil
 }
 
 // NotFoundError is the hub's answer that what was asked for does not exist (or is not the
