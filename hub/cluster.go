@@ -65,6 +65,9 @@ func (h *Hub) addClusterLocked(name string) *clusterState {
 	cs := &clusterState{name: name, log: log, data: h.store.addCluster(name, h.current().comp.tenants.OfCluster(name)), sessions: map[*Session]bool{},
 		negotiation: mcp.NewNegotiation(log, h.mcpMetrics)}
 	h.clusters[name] = cs
+	// A configured cluster is disconnected until its minion connects: a minion that never
+	// comes is then alerted on like one that left.
+	h.metrics.connected(name, false)
 	return cs
 }
 

@@ -101,8 +101,8 @@ func (m *Metrics) connected(cluster string, up bool) {
 		v = 1
 	}
 	m.clusterUp.WithLabelValues(cluster).Set(v)
-	// Every reason's series exists from the cluster's first stream: the first refusal of a
-	// kind is then an increase, which rate() and increase() see.
+	// Every reason's series exists from the cluster's configuration on: the first refusal of
+	// a kind is then an increase, which rate() and increase() see.
 	for _, reason := range api.RefusalReasons {
 		m.refusals.WithLabelValues(cluster, reason)
 	}

@@ -63,17 +63,24 @@ func TestReloadSuccessMetrics(t *testing.T) {
 }
 
 // Refusals are counted by cluster and reason class, from the events the hub notes; every
-// reason of a connected cluster has a series (0 until its first refusal); a cluster removed
-// by a reload takes its series with it. rejections_total counts the same refusals by
-// collection.
+// reason of a configured cluster has a series (0 until its first refusal), as has its
+// connection (0 until its minion connects: one that never does is alerted on); a cluster
+// removed by a reload takes its series with it. rejections_total counts the same refusals
+// by collection.
 func TestRefusalMetrics(t *testing.T) {
 	h := testHub(t, twoClusters)
-	openSession(t, h, "east")
 	refusals := func(labels map[string]string) float64 {
 		return promtest.Sum(t, h.Registry(), "meshfed_hub_refusals_total", labels)
 	}
-	if n := series(t, h, "meshfed_hub_refusals_total"); n != len(api.RefusalReasons) {
-		t.Errorf("%d refusal series once east connected, want one per reason (%d)", n, len(api.RefusalReasons))
+	if n := series(t, h, "meshfed_hub_refusals_total"); n != 2*len(api.RefusalReasons) {
+		t.Errorf("%d refusal series of two configured clusters, want one per cluster and reason (%d)", n, 2*len(api.RefusalReasons))
+	}
+	if n := series(t, h, "meshfed_hub_cluster_connected"); n != 2 || promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_connected", nil) != 0 {
+		t.Errorf("%d cluster_connected series before any minion connected, want 2 at 0", n)
+	}
+	openSession(t, h, "east")
+	if promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_connected", map[string]string{"cluster": "east"}) != 1 {
+		t.Error("east connected, its series is not 1")
 	}
 	if err := h.Apply("east", vsPush(t, "shop/a", "pay/x", "other/y")); err == nil {
 		t.Fatal("east published namespaces it does not own")
@@ -88,8 +95,8 @@ func TestRefusalMetrics(t *testing.T) {
 		t.Errorf("east's rejections of %s: %v, want 2 (the same refusals)", vsColl, n)
 	}
 	reload(t, h, strings.Replace(twoClusters, "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n", "", 1))
-	if n := series(t, h, "meshfed_hub_refusals_total"); n != 0 {
-		t.Errorf("%d refusal series after east was removed, want 0", n)
+	if n := series(t, h, "meshfed_hub_refusals_total"); n != len(api.RefusalReasons) {
+		t.Errorf("%d refusal series after east was removed, want west's alone (%d)", n, len(api.RefusalReasons))
 	}
 }
 

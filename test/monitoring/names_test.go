@@ -59,10 +59,10 @@ func TestMetricNamesAreExported(t *testing.T) {
 	}
 }
 
-// known reports whether name is an exported family, or one of a histogram's or summary's
-// series.
+// known reports whether name is an exported family, one of a histogram's or summary's
+// series, or Prometheus' own up.
 func known(exported map[string]bool, name string) bool {
-	if exported[name] {
+	if exported[name] || name == "up" { // up: Prometheus' own series of every target it scrapes
 		return true
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
