@@ -65,7 +65,7 @@ func (h *Hub) overview(v viewer) api.Overview {
 		if !v.seesRoute(s.route) {
 			return
 		}
-		key := s.route.key() // = api.FleetKey(s.Tenant, s.Rules)
+		key := s.route.key()
 		f := fleets[key]
 		if f == nil {
 			f = &api.Fleet{Key: key, Tenant: s.Tenant, Rules: orEmpty(s.Rules)}

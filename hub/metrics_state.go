@@ -1,8 +1,6 @@
 package hub
 
 import (
-	"strings"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshfed/meshfed/hub/api"
@@ -16,7 +14,7 @@ import (
 // nothing on the serving path.
 //
 // A fleet is the sinks of one tenant that the same routing rules select (they receive the
-// same objects): its label is the rules' names joined by commas (api.FleetKey's rules). The
+// same objects): its label is the route's rules key (the rules' names joined by commas). The
 // series are bounded by the combinations of configured rules that connected sinks match,
 // not by the sinks.
 type stateCollector struct {
@@ -64,7 +62,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.h.sinks.now() // the clock the sinks' states are judged by
 	fleets := map[fleetKey]*fleetStats{}
 	c.h.sinks.each(c.h.current().comp, func(_ *sinkEntry, s listedSink) {
-		k := fleetKey{labelOrNone(s.Tenant), labelOrNone(strings.Join(s.Rules, ","))}
+		k := fleetKey{labelOrNone(s.route.tenant), labelOrNone(s.route.sub.Key())} // the route's, as the dashboard's fleets
 		f := fleets[k]
 		if f == nil {
 			f = &fleetStats{states: map[string]int{}}

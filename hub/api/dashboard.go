@@ -1,9 +1,6 @@
 package api
 
-import (
-	"strings"
-	"time"
-)
+import "time"
 
 // The dashboard's documents (package doc: the endpoints): summaries the hub computes so
 // that a page showing 100 clusters and 10,000 sinks receives a few kilobytes per refresh,
@@ -63,7 +60,8 @@ type BreakerSummary struct {
 // Fleet is the sinks of one tenant that the same routing rules select: they receive the
 // same objects, so they are counted together.
 type Fleet struct {
-	// Key names the fleet in /api/sinks?fleet=KEY: its tenant and its rules (FleetKey).
+	// Key names the fleet in /api/sinks?fleet=KEY (the hub's name for the route of its
+	// tenant and rules: pass it back as it is).
 	Key    string   `json:"key"`
 	Tenant string   `json:"tenant"`
 	Rules  []string `json:"rules"`
@@ -80,11 +78,6 @@ type StateCounts struct {
 	Syncing int `json:"syncing"`
 	Stale   int `json:"stale"`
 	NACKed  int `json:"nacked"`
-}
-
-// FleetKey is the key of the fleet of a sink with this tenant and these rules.
-func FleetKey(tenant string, rules []string) string {
-	return tenant + "/" + strings.Join(rules, ",")
 }
 
 // SinkPage is one page of the sinks a query selects, in stream order.
