@@ -51,7 +51,7 @@ func (h *Hub) serveObject(w http.ResponseWriter, r *http.Request) {
 // objectList lists the copies of coll served to v's tenant (to the vendor, every tenant's
 // served copy), by name.
 func (h *Hub) objectList(v viewer, coll string) api.ObjectList {
-	k, _ := h.current().comp.kindTable.Lookup(coll)
+	k, _ := v.comp.kindTable.Lookup(coll)
 	out := api.ObjectList{Collection: coll, APIVersion: apiVersion(k.Group, k.Version), Kind: k.Kind, Items: []api.ObjectSummary{}}
 	s := h.store
 	s.mu.Lock()

@@ -32,8 +32,12 @@ func VersionCommand() *cobra.Command {
 			if info.Modified {
 				modified = " (modified)"
 			}
+			revision := info.Revision
+			if revision == "" {
+				revision = "unknown (built without version control information: make build stamps it)"
+			}
 			_, err := fmt.Fprintf(w, "%s %s\n  revision: %s%s\n  commit time: %s\n  go: %s\n", cmd.Root().Name(), info.Version,
-				dash(info.Revision), modified, dash(info.Time), info.GoVersion)
+				revision, modified, dash(info.Time), info.GoVersion)
 			return err
 		},
 	}
