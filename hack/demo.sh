@@ -99,5 +99,5 @@ if [ "${DEMO_CHECK:-}" = 1 ]; then
   exit 1
 fi
 
-echo "(logs in $DIR; try: $DIR/bin/hub status -admin $HTTP; Ctrl-C stops everything)"
+echo "(logs in $DIR; try: $DIR/bin/hub status -admin $HTTP, or open http://$HTTP/ (the dashboard); Ctrl-C stops everything)"
 tail -n +1 -f "$DIR/sink.log"
