@@ -82,6 +82,13 @@ func newPKI(t *testing.T) *pki {
 	return &pki{t: t, dir: dir, bundle: bundle, ca: ca, hubCert: cert, hubKy: key}
 }
 
+// files issues a certificate with names (URI SANs, DNS names) and returns it as files,
+// with the bundle.
+func (p *pki) files(prefix string, names ...string) meshtls.Files {
+	cert, key, _ := p.ca.Issue(p.t, p.dir, prefix, names...)
+	return meshtls.Files{Cert: cert, Key: key, CA: p.bundle}
+}
+
 // creds are client credentials for a certificate with names (URI SANs, DNS names).
 func (p *pki) creds(prefix string, names ...string) credentials.TransportCredentials {
 	cert, key, _ := p.ca.Issue(p.t, p.dir, prefix, names...)

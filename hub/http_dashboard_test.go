@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 	meshtls "github.com/meshfed/meshfed/tls"
-	"github.com/meshfed/meshfed/tls/tlstest"
 )
 
 // The dashboard's endpoints: summaries and pages of what the admin API lists, for the
@@ -182,15 +180,9 @@ func TestDashboardRefusals(t *testing.T) {
 // operator for its tenant alone, and whoami says who it is and that it may act; the http
 // listener is the vendor's, read-only; a sink's certificate reads nothing.
 func TestDashboardScopedByTenant(t *testing.T) {
-	dir := t.TempDir()
-	ca := tlstest.NewCA(t, "ca")
-	bundle := filepath.Join(dir, "ca.crt")
-	tlstest.WriteBundle(t, bundle, ca)
-	files := func(name string, names ...string) meshtls.Files {
-		cert, key, _ := ca.Issue(t, dir, name, names...)
-		return meshtls.Files{Cert: cert, Key: key, CA: bundle}
-	}
-	hubFiles := files("hub", "spiffe://mesh.test/hub/h", "127.0.0.1")
+	p := newPKI(t)
+	files, bundle := p.files, p.bundle
+	hubFiles := meshtls.Files{Cert: p.hubCert, Key: p.hubKy}
 	h, _ := runHub(t, `
 tls: {certFile: `+hubFiles.Cert+`, keyFile: `+hubFiles.Key+`, caFile: `+bundle+`}
 trustDomain: mesh.test

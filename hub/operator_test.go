@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -160,15 +159,9 @@ func tlsClient(t *testing.T, files meshtls.Files) *http.Client {
 // CA's, does not get past the handshake. Reading needs no operator: anyone on http, any
 // verified certificate on adminTLS.
 func TestOperatorActionsOverAdminTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := tlstest.NewCA(t, "ca")
-	bundle := filepath.Join(dir, "ca.crt")
-	tlstest.WriteBundle(t, bundle, ca)
-	files := func(name string, names ...string) meshtls.Files {
-		cert, key, _ := ca.Issue(t, dir, name, names...)
-		return meshtls.Files{Cert: cert, Key: key, CA: bundle}
-	}
-	hubFiles := files("hub", "spiffe://mesh.test/hub/h", "127.0.0.1")
+	p := newPKI(t)
+	files, bundle := p.files, p.bundle
+	hubFiles := meshtls.Files{Cert: p.hubCert, Key: p.hubKy}
 	h, logs := runHub(t, `
 tls: {certFile: `+hubFiles.Cert+`, keyFile: `+hubFiles.Key+`, caFile: `+bundle+`}
 trustDomain: mesh.test
@@ -222,7 +215,7 @@ routing: {default: {name: all}}
 	// No certificate, or one of another CA: the handshake fails, and the log says why and
 	// from where.
 	other := tlstest.NewCA(t, "other")
-	ocert, okey, _ := other.Issue(t, dir, "mallory", "spiffe://mesh.test/operator/mallory")
+	ocert, okey, _ := other.Issue(t, p.dir, "mallory", "spiffe://mesh.test/operator/mallory")
 	for name, c := range map[string]*http.Client{
 		"no certificate":        tlsClient(t, meshtls.Files{CA: bundle}),
 		"another CA's operator": tlsClient(t, meshtls.Files{Cert: ocert, Key: okey, CA: bundle}),
