@@ -209,14 +209,8 @@ func operatorProxy(t *testing.T, h *hub.Hub, p *pki, name string) string {
 // theirs) and nothing of the other tenant's, and may act.
 func TestDashboardTenantOperatorInBrowser(t *testing.T) {
 	p := newPKI(t)
-	cfg := p.hubConfig(t)
-	cfg.Clusters = nil // with tenants every cluster is a tenant's
-	cfg.AdminTLS = "127.0.0.1:0"
-	cfg.Tenants = twoTenants(false)
-	cfg.Operators = []string{"vera"}
-	h := runHub(t, cfg)
+	h, _ := runTenantsHub(t, p, false)
 	ingest, serve, _ := h.Addrs()
-	waitFor(t, 10*time.Second, "adminTLS listening", func() bool { return h.AdminTLSAddr() != "" })
 	east, north := t.TempDir(), t.TempDir()
 	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
 	writeFile(t, east, "bank/steal.yaml", vsYAML("steal", "bank", "", "cart.shop.example.com")) // globex's namespace

@@ -41,14 +41,8 @@ import (
 // tenant first (by the authenticated identity) and then route within it.
 func TestTenantIsolation(t *testing.T) {
 	p := newPKI(t)
-	cfg := p.hubConfig(t)
-	cfg.Clusters = nil // with tenants every cluster is a tenant's
-	cfg.AdminTLS = "127.0.0.1:0"
-	cfg.Tenants = twoTenants(true)
-	cfg.Operators = []string{"vera"}
-	h := runHub(t, cfg)
+	h, cfg := runTenantsHub(t, p, true)
 	ingest, serve, _ := h.Addrs()
-	waitFor(t, 10*time.Second, "adminTLS listening", func() bool { return h.AdminTLSAddr() != "" })
 
 	east, north := t.TempDir(), t.TempDir()
 	writeFile(t, east, "shop/cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
@@ -295,6 +289,20 @@ func TestTenantIsolation(t *testing.T) {
 			t.Errorf("ann's why edge/gw after the export is withdrawn: %+v, want nothing", w)
 		}
 	})
+}
+
+// runTenantsHub runs p's hub of acme and globex (twoTenants), vera the vendor's operator,
+// with its adminTLS listening, and returns it with its configuration.
+func runTenantsHub(t *testing.T, p *pki, export bool) (*hub.Hub, *hub.Config) {
+	t.Helper()
+	cfg := p.hubConfig(t)
+	cfg.Clusters = nil // with tenants every cluster is a tenant's
+	cfg.AdminTLS = "127.0.0.1:0"
+	cfg.Tenants = twoTenants(export)
+	cfg.Operators = []string{"vera"}
+	h := runHub(t, cfg)
+	waitFor(t, 10*time.Second, "adminTLS listening", func() bool { return h.AdminTLSAddr() != "" })
+	return h, cfg
 }
 
 // twoTenants is acme and globex (see TestTenantIsolation), with globex's export of its edge
