@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -501,9 +502,11 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 		}
 	}
 	changes := make(chan *Config, 1)
+	var live atomic.Pointer[Config] // what runs: a change that failed to start is not it
+	live.Store(cfg)
 	g, ctx := errgroup.WithContext(ctx)
 	if path != "" {
-		g.Go(func() error { return watchConfig(ctx, path, cfg, DefaultDebounce, log, tel, changes) })
+		g.Go(func() error { return watchConfig(ctx, path, &live, DefaultDebounce, log, tel, changes) })
 	}
 	g.Go(func() error {
 		m, err := New(cfg, log, tel)
@@ -530,6 +533,7 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 					if m, err = New(last, log, tel); err != nil {
 						return err
 					}
+					live.Store(last)
 					cfg, last, running = last, nil, false
 				case next := <-changes:
 					nm, err := New(next, log, tel)
@@ -544,6 +548,7 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 					if err := <-done; err != nil {
 						log.Error("components stopped with an error", "err", err)
 					}
+					live.Store(next)
 					m, cfg, last, running = nm, next, cfg, false
 				}
 			}
@@ -555,7 +560,8 @@ func RunWithReload(ctx context.Context, path string, log *slog.Logger, tel *Tele
 // watchConfig sends each valid new content of the file on changes. Each content is judged
 // once: an invalid one is logged and counted once, however often the file or its directory
 // is touched after.
-func watchConfig(ctx context.Context, path string, current *Config, debounce time.Duration, log *slog.Logger, tel *Telemetry, changes chan<- *Config) error {
+func watchConfig(ctx context.Context, path string, live *atomic.Pointer[Config], debounce time.Duration, log *slog.Logger, tel *Telemetry, changes chan<- *Config) error {
+	sent := live.Load() // the last content sent on changes
 	return ops.WatchFile(ctx, path, debounce, log, func(data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {
@@ -563,11 +569,15 @@ func watchConfig(ctx context.Context, path string, current *Config, debounce tim
 			tel.Metrics.reloaded().Record(procmetrics.ReloadRefused)
 			return
 		}
-		if reflect.DeepEqual(cfg, current) {
+		if reflect.DeepEqual(cfg, live.Load()) {
 			tel.Metrics.reloaded().Current() // put back after a refused change: nothing is amiss
+			sent = cfg
 			return
 		}
-		current = cfg
+		if reflect.DeepEqual(cfg, sent) {
+			return // judged once already (applied, or it failed to start)
+		}
+		sent = cfg
 		select {
 		case changes <- cfg:
 		case <-ctx.Done():

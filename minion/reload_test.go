@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,8 +42,10 @@ func TestRefusedConfigurationOnce(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(appendTo("minion.log"), nil))
 	tel := NewTelemetry()
 	changes := make(chan *Config, 1)
+	var live atomic.Pointer[Config]
+	live.Store(current)
 	stop := testrun.Start(t, "watchConfig", func(ctx context.Context) error {
-		return watchConfig(ctx, path, current, time.Millisecond, log, tel, changes)
+		return watchConfig(ctx, path, &live, time.Millisecond, log, tel, changes)
 	})
 	defer func() {
 		stop()
@@ -84,6 +87,23 @@ func TestRefusedConfigurationOnce(t *testing.T) {
 	}
 	if n, got := bytes.Count(logged, []byte("configuration refused")), refusals(); n != 1 || got != 1 {
 		t.Errorf("%d refusals logged, %v counted; want 1 and 1", n, got)
+	}
+
+	// west fails to start, and east runs again (RunWithReload's part): the file put back to
+	// east is the running configuration again, and the failed reload is over.
+	tel.Metrics.reloaded().FailedToStart()
+	ok := func() float64 {
+		return promtest.Sum(t, tel.Registry, "meshfed_minion_config_last_reload_successful", nil)
+	}
+	if ok() != 0 {
+		t.Fatal("a change that failed to start left the last reload successful")
+	}
+	write(t, dir, "minion.yaml", conf("east"))
+	waitFor(t, 10*time.Second, "east, which runs, put back", func() bool { return ok() == 1 })
+	select {
+	case next := <-changes:
+		t.Errorf("the running configuration was sent as a change (cluster %q)", next.Cluster)
+	default:
 	}
 }
 
