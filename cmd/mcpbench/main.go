@@ -10,7 +10,11 @@
 //     latency with another flooding at its push quota against the same with it idle, and the
 //     heap with a sink that never ACKs against one that does; and its tenants row: a tenant's
 //     latency with another using all its tenant limits admit (pushes, a stream-opening loop,
-//     1,000 sinks that never ACK) against the same with it idle.
+//     1,000 sinks that never ACK) against the same with it idle;
+//   - versus: meshfed's hub against Istio 1.8's own MCP source (test/istio's peer) and bare
+//     gRPC sending pre-encoded messages, each a process, driven by one separate load process
+//     (cmd/mcpload, one connection per sink): latency of a change to the last sink,
+//     incremental and full state, memory per idle sink and a connect storm.
 package main
 
 import (
@@ -32,7 +36,7 @@ func main() {
 	changes := flag.Int("changes", 200, "changes measured per row")
 	resources := flag.Int("resources", 100, "resources in the collection")
 	size := flag.Int("size", 256, "bytes per resource body")
-	only := flag.String("only", "", "run only this table: engine, minion, hub or replicas")
+	only := flag.String("only", "", "run only this table: engine, minion, hub, replicas or versus")
 	replicaSinks := flag.Int("replica-sinks", 1000, "sinks of the replica-kill scenario")
 	replicaChanges := flag.Int("replica-changes", 300, "changes measured per replica-count row")
 	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
@@ -57,6 +61,15 @@ func main() {
 	flag.IntVar(&tenants.bSinks, "tenants-b-sinks", 10, "tenant B's sinks, each timing every change of B")
 	flag.IntVar(&tenants.changes, "tenants-changes", 1000, "tenant B's changes measured per condition (A idle, A noisy)")
 	flag.IntVar(&tenants.rounds, "tenants-rounds", 10, "rounds alternating A idle and A noisy")
+	var versus versusFlags
+	flag.StringVar(&versus.rows, "versus-rows", "incremental,full100,full1,full1000,incremental-big,idle,storm", "rows of the versus table to run")
+	flag.StringVar(&versus.servers, "versus-servers", strings.Join(bench.VersusServers, ","), "servers of the versus table, in column order")
+	flag.IntVar(&versus.sinks, "versus-sinks", 1000, "sinks of the versus table's rows (one connection each)")
+	flag.IntVar(&versus.bigSinks, "versus-big-sinks", 5000, "sinks of its large incremental row")
+	flag.IntVar(&versus.idleSinks, "versus-idle-sinks", 2000, "sinks of its idle-memory row")
+	flag.IntVar(&versus.changes, "versus-changes", 20, "changes measured per versus row (a quarter for the 1,000-resource full state)")
+	flag.IntVar(&versus.size, "versus-size", 682, "bytes of a resource's body in the versus table (682: 770 bytes a resource, 770 KB for 1,000)")
+	flag.DurationVar(&versus.gap, "versus-gap", 100*time.Millisecond, "pause after each change of the versus table (the last ACKs settle)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -89,6 +102,9 @@ func main() {
 	}
 	if *only == "" || *only == "replicas" {
 		replicaTable(*replicaSinks, *replicaChanges)
+	}
+	if *only == "" || *only == "versus" {
+		versusTable(versus)
 	}
 }
 

@@ -21,14 +21,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
+	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -89,7 +87,7 @@ func ackClientsFor(ctx context.Context, addr, collection string, n int, incremen
 	perConn := 100
 	var conns []*grpc.ClientConn
 	var wg sync.WaitGroup
-	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	codecOpt := grpc.ForceCodecV2(load.RawCodec{})
 	for i := 0; i < n; i++ {
 		if i%perConn == 0 {
 			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -110,16 +108,16 @@ func ackClientsFor(ctx context.Context, addr, collection string, n int, incremen
 		go func() {
 			defer wg.Done()
 			for {
-				var f rawMsg
+				var f load.RawMsg
 				if err := st.RecvMsg(&f); err != nil {
 					return
 				}
-				nonce := scanNonce(f.b)
+				nonce := load.ScanNonce(f.B)
 				if err := st.SendMsg(&mcppb.RequestResources{Collection: collection, ResponseNonce: nonce, Incremental: incremental}); err != nil {
 					return
 				}
 				select {
-				case got <- len(f.b):
+				case got <- len(f.B):
 				case <-ctx.Done():
 					return
 				}
@@ -132,50 +130,6 @@ func ackClientsFor(ctx context.Context, addr, collection string, n int, incremen
 			cc.Close()
 		}
 	}, nil
-}
-
-// rawMsg is a message sent or received as bytes: b, then tail (the nonce field), sent
-// without copying.
-type rawMsg struct{ b, tail []byte }
-
-type rawCodec struct{ proto encoding.CodecV2 }
-
-func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if r, ok := v.(*rawMsg); ok {
-		return mem.BufferSlice{mem.SliceBuffer(r.b), mem.SliceBuffer(r.tail)}, nil
-	}
-	return c.proto.Marshal(v)
-}
-
-func (c rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if r, ok := v.(*rawMsg); ok {
-		r.b = data.Materialize()
-		return nil
-	}
-	return c.proto.Unmarshal(data, v)
-}
-
-func (rawCodec) Name() string { return "proto" }
-
-// scanNonce finds field 5 (nonce) of a Resources message without decoding the rest.
-func scanNonce(b []byte) string {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return ""
-		}
-		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			return ""
-		}
-		if num == 5 && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b)
-			return string(v)
-		}
-		b = b[m:]
-	}
-	return ""
 }
 
 func listen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
@@ -285,7 +239,7 @@ func BaselineFanout(cfg FanoutConfig) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")}))
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(load.RawCodec{}))
 	mcppb.RegisterResourceSourceServer(srv, &baselineServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
 		sent := -1
 		nonce := 0
@@ -304,7 +258,7 @@ func BaselineFanout(cfg FanoutConfig) (Result, error) {
 				return nil
 			}
 			nonce++
-			if err := st.SendMsg(&rawMsg{b: msg, tail: nonceBytes(strconv.Itoa(nonce))}); err != nil {
+			if err := st.SendMsg(&load.RawMsg{B: msg, Tail: load.NonceField(strconv.Itoa(nonce))}); err != nil {
 				return err
 			}
 			sent = v
@@ -343,11 +297,6 @@ func BaselineFanout(cfg FanoutConfig) (Result, error) {
 		mu.Unlock()
 	})
 	return Result{PerChange: per, BytesPerChange: bytes, AllocsPerChange: allocs}, nil
-}
-
-func nonceBytes(nonce string) []byte {
-	b := protowire.AppendTag(nil, 5, protowire.BytesType)
-	return protowire.AppendString(b, nonce)
 }
 
 type baselineServer struct {

@@ -12,11 +12,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
@@ -43,26 +43,7 @@ type benchHub struct {
 // the hub keeps the clusters' state, as it does by default (what that costs is in every
 // row), and a run must neither find the previous run's state nor leave its own behind.
 func startHub(clusters int, tune func(*hub.Config)) (*benchHub, error) {
-	cfg := hub.Defaults()
-	cfg.Insecure, cfg.Ingest, cfg.Serve, cfg.Collections = true, "127.0.0.1:0", "127.0.0.1:0", []string{hubCollection}
-	cfg.Kinds = []kinds.Kind{{Collection: hubCollection, Group: "bench.meshfed.io", Version: "v1", Resource: "resources", Kind: "Resource"}}
-	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
-	cfg.WarmUp = hub.Duration{Duration: time.Minute}
-	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}
-	// Unbounded: these rows measure scale (a million resources in one collection, sent
-	// to incremental sinks in split pushes) and speed, not the quotas.
-	cfg.Quotas = hub.QuotaConfig{MaxCollectionBytes: -1}
-	for i := range clusters {
-		name := clusterName(i)
-		ns := "*"
-		if clusters > 1 {
-			ns = name // disjoint namespaces
-		}
-		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: name, Identities: []string{name}, Namespaces: []string{ns}, Hosts: []string{"*"}})
-	}
-	if tune != nil {
-		tune(cfg)
-	}
+	cfg := hubConfig(clusters, tune)
 	dir, err := os.MkdirTemp("", "meshfed-bench-hub-")
 	if err != nil {
 		return nil, err
@@ -95,6 +76,33 @@ func startHub(clusters int, tune func(*hub.Config)) (*benchHub, error) {
 	return b, nil
 }
 
+// hubConfig is the bench hub's configuration (insecure, on loopback, without a state
+// directory): clusters c000.. (disjoint namespaces when several), every sink receiving
+// everything, no limits or quotas in the way; tune (nil: none) adjusts it.
+func hubConfig(clusters int, tune func(*hub.Config)) *hub.Config {
+	cfg := hub.Defaults()
+	cfg.Insecure, cfg.Ingest, cfg.Serve, cfg.Collections = true, "127.0.0.1:0", "127.0.0.1:0", []string{hubCollection}
+	cfg.Kinds = []kinds.Kind{{Collection: hubCollection, Group: "bench.meshfed.io", Version: "v1", Resource: "resources", Kind: "Resource"}}
+	cfg.Routing = routing.Config{Default: &routing.Rule{Name: "all"}}
+	cfg.WarmUp = hub.Duration{Duration: time.Minute}
+	cfg.Limits = hub.LimitsConfig{StreamsPerSecond: 1e9, StreamBurst: 1 << 30}
+	// Unbounded: these rows measure scale (a million resources in one collection, sent
+	// to incremental sinks in split pushes) and speed, not the quotas.
+	cfg.Quotas = hub.QuotaConfig{MaxCollectionBytes: -1}
+	for i := range clusters {
+		name := clusterName(i)
+		ns := "*"
+		if clusters > 1 {
+			ns = name // disjoint namespaces
+		}
+		cfg.Clusters = append(cfg.Clusters, hub.ClusterConfig{Name: name, Identities: []string{name}, Namespaces: []string{ns}, Hosts: []string{"*"}})
+	}
+	if tune != nil {
+		tune(cfg)
+	}
+	return cfg
+}
+
 func clusterName(i int) string { return fmt.Sprintf("c%03d", i) }
 
 func (b *benchHub) stop() { b.cancel(); <-b.done; os.RemoveAll(b.dir) }
@@ -108,11 +116,17 @@ type cluster struct {
 // connect pushes cache to the hub as cluster name, like a minion; hooks (may be zero)
 // follow its stream.
 func (b *benchHub) connect(name string, cache *mcp.Cache, hooks mcp.Hooks) (*cluster, error) {
+	return pushTo(b.ingest, name, cache, hooks)
+}
+
+// pushTo pushes cache to the hub's ingest address as cluster name (the development
+// identity header of an insecure hub), like a minion; hooks (may be zero) follow its stream.
+func pushTo(ingest, name string, cache *mcp.Cache, hooks mcp.Hooks) (*cluster, error) {
 	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: cache, Logger: quietLogger(), MaxMessageSize: 64 << 20, Hooks: hooks})
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(b.ingest, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ingest, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +392,7 @@ func IdleSinks(n int) (IdleResult, error) {
 	if err != nil {
 		return res, err
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")}))
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(load.RawCodec{}))
 	var first []*mcpapi.Resource
 	for i := range 10 {
 		first = append(first, Resource(i, 0, 128))

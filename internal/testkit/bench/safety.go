@@ -12,13 +12,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -232,7 +232,7 @@ func startMarkSinks(addr string, n int, marks string, report byte, stall func(i 
 		}
 		s.highest[m] = h
 	}
-	codecOpt := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	codecOpt := grpc.ForceCodecV2(load.RawCodec{})
 	for i := range n {
 		if i%100 == 0 {
 			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -261,7 +261,7 @@ func startMarkSinks(addr string, n int, marks string, report byte, stall func(i 
 			defer s.wg.Done()
 			var prev time.Time
 			for first := true; ; first = false {
-				var f rawMsg
+				var f load.RawMsg
 				if err := st.RecvMsg(&f); err != nil {
 					return
 				}
@@ -273,13 +273,13 @@ func startMarkSinks(addr string, n int, marks string, report byte, stall func(i 
 						return
 					}
 				}
-				if err := st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, ResponseNonce: scanNonce(f.b), Incremental: true}); err != nil {
+				if err := st.SendMsg(&mcppb.RequestResources{Collection: hubCollection, ResponseNonce: load.ScanNonce(f.B), Incremental: true}); err != nil {
 					return
 				}
 				r := receipt{seq: -1, at: at, prev: prev}
 				prev = at
 				for m, h := range s.highest {
-					if seq := maxMark(f.b, m); int64(seq) > h[i].Load() {
+					if seq := maxMark(f.B, m); int64(seq) > h[i].Load() {
 						h[i].Store(int64(seq))
 						if m == report {
 							r.seq = seq

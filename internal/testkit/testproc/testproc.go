@@ -46,6 +46,9 @@ type Options struct {
 	// testlog.Writer(t, prefix), which passes it to the test's log until the test ends. nil:
 	// the output is only kept for Tail.
 	Log io.Writer
+	// Stdin, if set, gives the process a pipe as its standard input, written with
+	// Proc.Stdin (closing it ends the input); otherwise its input is empty.
+	Stdin bool
 	// OnLine, if set, is called with every line of output (without its newline), after Log,
 	// on the goroutine that reads the output: it must not block, nor call t.Fatal.
 	OnLine func(line string)
@@ -60,9 +63,10 @@ const maxLine = 4 << 20
 
 // Proc is a started child process.
 type Proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed once the process has ended and its output is read
+	name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser // nil without Options.Stdin
+	done  chan struct{}  // closed once the process has ended and its output is read
 
 	mu  sync.Mutex // guards out
 	out []string   // the last lines of output, between Kept and 2*Kept of them
@@ -81,6 +85,13 @@ func Start(t TB, o Options) *Proc {
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	p := &Proc{name: name, cmd: cmd, done: make(chan struct{})}
+	if o.Stdin {
+		w, err := cmd.StdinPipe() // an os.Pipe: Wait closes it, and never waits on a copy
+		if err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		p.stdin = w
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
@@ -122,6 +133,12 @@ func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
 }
+
+// Stdin is the process's standard input (Options.Stdin), nil without it.
+func (p *Proc) Stdin() io.WriteCloser { return p.stdin }
+
+// Pid is the process's ID: valid until Done is closed (then it may be another process's).
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Exited reports whether the process has ended (and its output been read).
 func (p *Proc) Exited() bool {

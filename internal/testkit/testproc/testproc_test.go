@@ -131,3 +131,22 @@ func TestExit(t *testing.T) {
 		t.Errorf("a program still running: %q", f.msg)
 	}
 }
+
+// TestProcStdin: a process reads what Stdin writes, ends when it is closed, and Pid is its.
+func TestProcStdin(t *testing.T) {
+	var seen lines
+	p := Start(t, Options{Path: "/bin/sh", Args: []string{"-c", `echo "pid $$"; read l; echo "got $l"; cat`}, Stdin: true,
+		OnLine: func(l string) { _, _ = seen.Write([]byte(l)) }})
+	if _, err := fmt.Fprintln(p.Stdin(), "hello"); err != nil {
+		t.Fatal(err)
+	}
+	p.Stdin().Close()
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("sh did not end when its input was closed")
+	}
+	if got, want := strings.Join(seen.get(), "|"), fmt.Sprintf("pid %d|got hello", p.Pid()); got != want {
+		t.Errorf("output %q, want %q", got, want)
+	}
+}

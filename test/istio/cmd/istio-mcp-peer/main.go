@@ -180,11 +180,61 @@ func newSnapshotState() *snapshotState {
 }
 
 func (s *snapshotState) set(cmd *command) error {
-	res := make([]*mcp.Resource, 0, len(cmd.Resources))
-	for _, r := range cmd.Resources {
+	res, err := convert(cmd.Resources)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resources[cmd.Collection] = res
+	s.publish(cmd.Collection, cmd.Version)
+	return nil
+}
+
+// put replaces or adds the given resources (by name) in a collection's state and publishes
+// it at the command's version: a benchmark's one-resource change costs a one-resource
+// parse here, not the whole state's (Galley kept its state in memory the same way).
+func (s *snapshotState) put(cmd *command) error {
+	res, err := convert(cmd.Resources)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := append([]*mcp.Resource(nil), s.resources[cmd.Collection]...)
+	at := make(map[string]int, len(cur))
+	for i, r := range cur {
+		at[r.Metadata.Name] = i
+	}
+	for _, r := range res {
+		if i, ok := at[r.Metadata.Name]; ok {
+			cur[i] = r
+		} else {
+			cur = append(cur, r)
+		}
+	}
+	s.resources[cmd.Collection] = cur
+	s.publish(cmd.Collection, cmd.Version)
+	return nil
+}
+
+// publish sets collection c's version and rebuilds the snapshot from every collection's
+// state (s.mu held).
+func (s *snapshotState) publish(c, version string) {
+	s.versions[c] = version
+	b := snapshot.NewInMemoryBuilder()
+	for c, v := range s.versions {
+		b.Set(c, v, s.resources[c])
+	}
+	s.cache.SetSnapshot(snapshotGroup, b.Build())
+}
+
+func convert(rs []resourceJSON) ([]*mcp.Resource, error) {
+	res := make([]*mcp.Resource, 0, len(rs))
+	for _, r := range rs {
 		body, err := types.MarshalAny(&types.StringValue{Value: r.Value})
 		if err != nil {
-			return fmt.Errorf("marshal %q: %v", r.Name, err)
+			return nil, fmt.Errorf("marshal %q: %v", r.Name, err)
 		}
 		if r.Body != nil {
 			body = &types.Any{TypeUrl: r.Body.TypeURL, Value: r.Body.Value}
@@ -194,16 +244,7 @@ func (s *snapshotState) set(cmd *command) error {
 			Body:     body,
 		})
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.versions[cmd.Collection] = cmd.Version
-	s.resources[cmd.Collection] = res
-	b := snapshot.NewInMemoryBuilder()
-	for c, v := range s.versions {
-		b.Set(c, v, s.resources[c])
-	}
-	s.cache.SetSnapshot(snapshotGroup, b.Build())
-	return nil
+	return res, nil
 }
 
 func readCommands(st *snapshotState) {
@@ -220,16 +261,20 @@ func readCommands(st *snapshotState) {
 			continue
 		}
 		switch cmd.Op {
-		case "set":
+		case "set", "put":
 			if cmd.Collection == "" {
-				emitError("set: missing collection")
+				emitError("%s: missing collection", cmd.Op)
 				continue
 			}
-			if err := st.set(&cmd); err != nil {
-				emitError("set %s: %v", cmd.Collection, err)
+			apply := st.set
+			if cmd.Op == "put" {
+				apply = st.put
+			}
+			if err := apply(&cmd); err != nil {
+				emitError("%s %s: %v", cmd.Op, cmd.Collection, err)
 				continue
 			}
-			emit(setEvent{Event: "set", Collection: cmd.Collection})
+			emit(setEvent{Event: cmd.Op, Collection: cmd.Collection})
 		default:
 			emitError("unknown op %q", cmd.Op)
 		}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/meshfed/meshfed/internal/testkit/bench"
+	"github.com/meshfed/meshfed/internal/testkit/bench/load"
+)
+
+// versusFlags size the versus table: meshfed's hub against Istio 1.8's own MCP source and
+// bare gRPC, each a process, driven by one load process (cmd/mcpload).
+type versusFlags struct {
+	rows, servers   string
+	sinks, bigSinks int
+	idleSinks       int
+	changes         int
+	size            int
+	gap             time.Duration
+}
+
+// versusRow is one row: what it runs, and how it reads the results.
+type versusRow struct {
+	key, label string
+	cfg        bench.VersusConfig
+	// figure is the row's figure for one server, and its text.
+	figure func(bench.VersusResult) (float64, string)
+}
+
+func latency(r bench.VersusResult) (float64, string) {
+	return float64(r.Last()), r.Last().Round(100 * time.Microsecond).String()
+}
+
+func storm(r bench.VersusResult) (float64, string) {
+	return float64(r.Connect.Last), r.Connect.Last.Round(time.Millisecond).String()
+}
+
+func idle(r bench.VersusResult) (float64, string) {
+	return r.RSSPerSinkKiB(), fmt.Sprintf("%.1f KiB", r.RSSPerSinkKiB())
+}
+
+func versusRows(f versusFlags) []versusRow {
+	kb := func(n int) string { return fmt.Sprintf("%d resources (%.0f KB)", n, float64(n*(f.size+88))/1000) }
+	inc := bench.VersusConfig{Resources: 1000, Size: f.size, Sinks: f.sinks, Changes: f.changes, Incremental: true, Gap: f.gap}
+	full := func(n, changes int) bench.VersusConfig {
+		return bench.VersusConfig{Resources: n, Size: f.size, Sinks: f.sinks, Changes: changes, Gap: f.gap}
+	}
+	big := inc
+	big.Sinks = f.bigSinks
+	idleCfg := bench.VersusConfig{Resources: 100, Size: f.size, Sinks: f.idleSinks}
+	return []versusRow{
+		{"incremental", fmt.Sprintf("incremental, 1 change in %s, %d sinks: last sink", kb(1000), f.sinks), inc, latency},
+		{"full100", fmt.Sprintf("full state, %s, %d sinks: last sink", kb(100), f.sinks), full(100, f.changes), latency},
+		{"full1", fmt.Sprintf("full state, 1 resource, %d sinks: last sink", f.sinks), full(1, f.changes), latency},
+		{"full1000", fmt.Sprintf("full state, %s, %d sinks: last sink", kb(1000), f.sinks), full(1000, max(f.changes/4, 3)), latency},
+		{"incremental-big", fmt.Sprintf("incremental, 1 change in %s, %d sinks: last sink", kb(1000), f.bigSinks), big, latency},
+		{"idle", fmt.Sprintf("server RSS per idle sink (%d sinks, %s, full state)", f.idleSinks, kb(100)), idleCfg, idle},
+		// The storm is the incremental row's connect: 1,000 sinks at once, each until it
+		// holds the 1,000 resources.
+		{"storm", fmt.Sprintf("connect storm, %d sinks x %s initial state: last sink", f.sinks, kb(1000)), inc, storm},
+	}
+}
+
+func versusTable(f versusFlags) {
+	fmt.Println()
+	servers := strings.Split(f.servers, ",")
+	want := map[string]bool{}
+	for _, r := range strings.Split(f.rows, ",") {
+		want[strings.TrimSpace(r)] = true
+	}
+	nofile, err := load.RaiseNoFile()
+	if err != nil {
+		fail("rlimit", err)
+	}
+	if need := uint64(f.bigSinks + 100); nofile < need {
+		fmt.Fprintf(os.Stderr, "open-file limit %d is below %d: the %d-sink row may fail\n", nofile, need, f.bigSinks)
+	}
+	w := newMarkdown(os.Stdout)
+	head := []string{"scenario (processes, insecure gRPC on 127.0.0.1)"}
+	head = append(head, servers...)
+	head = append(head, ratioHeads(servers)...)
+	w.row(append(head, "notes")...)
+	done := map[string][]bench.VersusResult{} // results by config, so the storm reuses the incremental row's run
+	for _, row := range versusRows(f) {
+		if !want[row.key] {
+			continue
+		}
+		key := fmt.Sprintf("%+v", row.cfg)
+		rs, ok := done[key]
+		if !ok {
+			if rs, err = bench.Versus(row.cfg, servers); err != nil {
+				fail("versus "+row.key, err)
+			}
+			done[key] = rs
+		}
+		cells := []string{row.label}
+		vals := map[string]float64{}
+		for _, r := range rs {
+			v, s := row.figure(r)
+			vals[r.Server] = v
+			cells = append(cells, s)
+		}
+		cells = append(cells, ratios(servers, vals)...)
+		w.row(append(cells, notes(row, rs))...)
+	}
+}
+
+// ratioHeads and ratios: Istio / meshfed (above 1: meshfed is faster or smaller) and
+// meshfed / bare (its cost over bare gRPC sending the same resources).
+func ratioHeads(servers []string) []string {
+	var h []string
+	if slices.Contains(servers, "istio") && slices.Contains(servers, "meshfed") {
+		h = append(h, "istio / meshfed")
+	}
+	if slices.Contains(servers, "meshfed") && slices.Contains(servers, "bare") {
+		h = append(h, "meshfed / bare")
+	}
+	return h
+}
+
+func ratios(servers []string, v map[string]float64) []string {
+	var c []string
+	if slices.Contains(servers, "istio") && slices.Contains(servers, "meshfed") {
+		c = append(c, fmt.Sprintf("%.2f", v["istio"]/v["meshfed"]))
+	}
+	if slices.Contains(servers, "meshfed") && slices.Contains(servers, "bare") {
+		c = append(c, fmt.Sprintf("%.2f", v["meshfed"]/v["bare"]))
+	}
+	return c
+}
+
+// notes are the row's other figures, per server in column order.
+func notes(row versusRow, rs []bench.VersusResult) string {
+	each := func(f func(bench.VersusResult) string) string {
+		var s []string
+		for _, r := range rs {
+			s = append(s, f(r))
+		}
+		return strings.Join(s, " / ")
+	}
+	ms := func(d time.Duration) string { return d.Round(100 * time.Microsecond).String() }
+	switch row.key {
+	case "idle":
+		return "RSS before -> after: " + each(func(r bench.VersusResult) string {
+			return fmt.Sprintf("%.1f -> %.1f MiB", float64(r.RSSBeforeKiB)/1024, float64(r.RSSAfterKiB)/1024)
+		})
+	case "storm":
+		return "median sink " + each(func(r bench.VersusResult) string { return ms(r.Connect.P50) }) +
+			"; initial message " + each(func(r bench.VersusResult) string { return fmt.Sprintf("%d B", r.Connect.Bytes) })
+	}
+	return fmt.Sprintf("median of %d changes; slowest change ", row.cfg.Changes) + each(func(r bench.VersusResult) string { return ms(r.LastP99()) }) +
+		"; median sink " + each(func(r bench.VersusResult) string { return ms(r.SinkP50()) }) +
+		"; push " + each(func(r bench.VersusResult) string { return fmt.Sprintf("%d B", r.Bytes()) })
+}
