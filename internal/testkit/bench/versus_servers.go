@@ -115,12 +115,8 @@ func startMeshfed(t procTB) *meshfedServer {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	cfg := hubConfig(1, func(c *hub.Config) { c.HTTP = "127.0.0.1:0" })
 	cfg.StateDir = filepath.Join(dir, "state")
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(dir, "hub.yaml")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
+	if err := os.WriteFile(path, hubFile(t, cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addrs := make(chan [2]string, 8)
@@ -153,6 +149,35 @@ func startMeshfed(t procTB) *meshfedServer {
 		}
 	}
 	return s
+}
+
+// hubFile is cfg as a file for a hub process. A file is read over hub.Defaults(), so the
+// caps the bench turns off (0: none) are written out, or the defaults would come back (64
+// streams per peer: every sink here is 127.0.0.1 without an identity; 20 pushes/s); the
+// file is read back to check that the limits and quotas are the in-process hub's.
+func hubFile(t procTB, cfg *hub.Config) []byte {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["limits"].(map[string]any)["maxStreamsPerPeer"] = cfg.Limits.MaxStreamsPerPeer
+	q := m["quotas"].(map[string]any)
+	q["maxObjects"], q["maxBytes"], q["pushesPerSecond"], q["pushBurst"] = cfg.Quotas.MaxObjects, cfg.Quotas.MaxBytes, cfg.Quotas.PushesPerSecond, cfg.Quotas.PushBurst
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	back, err := hub.ParseConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Limits != cfg.Limits || back.Quotas != cfg.Quotas {
+		t.Fatalf("the hub's file reads back as limits %+v, quotas %+v; want %+v, %+v", back.Limits, back.Quotas, cfg.Limits, cfg.Quotas)
+	}
+	return b
 }
 
 func (s *meshfedServer) addr() string        { return s.serve }
