@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,7 +44,9 @@ func idle(r bench.VersusResult) (float64, string) {
 }
 
 func versusRows(f versusFlags) []versusRow {
-	kb := func(n int) string { return fmt.Sprintf("%d resources (%.0f KB)", n, float64(n*(f.size+88))/1000) }
+	kb := func(n int) string {
+		return fmt.Sprintf("%s resources (%.0f KB)", thousands(n), float64(n*(f.size+88))/1000)
+	}
 	inc := bench.VersusConfig{Resources: 1000, Size: f.size, Sinks: f.sinks, Changes: f.changes, Incremental: true, Gap: f.gap}
 	full := func(n, changes int) bench.VersusConfig {
 		return bench.VersusConfig{Resources: n, Size: f.size, Sinks: f.sinks, Changes: changes, Gap: f.gap}
@@ -52,15 +55,15 @@ func versusRows(f versusFlags) []versusRow {
 	big.Sinks = f.bigSinks
 	idleCfg := bench.VersusConfig{Resources: 100, Size: f.size, Sinks: f.idleSinks}
 	return []versusRow{
-		{"incremental", fmt.Sprintf("incremental, 1 change in %s, %d sinks: last sink", kb(1000), f.sinks), inc, latency},
-		{"full100", fmt.Sprintf("full state, %s, %d sinks: last sink", kb(100), f.sinks), full(100, f.changes), latency},
-		{"full1", fmt.Sprintf("full state, 1 resource, %d sinks: last sink", f.sinks), full(1, f.changes), latency},
-		{"full1000", fmt.Sprintf("full state, %s, %d sinks: last sink", kb(1000), f.sinks), full(1000, max(f.changes/4, 3)), latency},
-		{"incremental-big", fmt.Sprintf("incremental, 1 change in %s, %d sinks: last sink", kb(1000), f.bigSinks), big, latency},
-		{"idle", fmt.Sprintf("server RSS per idle sink (%d sinks, %s, full state)", f.idleSinks, kb(100)), idleCfg, idle},
+		{"incremental", fmt.Sprintf("incremental, 1 change in %s, %s sinks: last sink", kb(1000), thousands(f.sinks)), inc, latency},
+		{"full100", fmt.Sprintf("full state, %s, %s sinks: last sink", kb(100), thousands(f.sinks)), full(100, f.changes), latency},
+		{"full1", fmt.Sprintf("full state, 1 resource, %s sinks: last sink", thousands(f.sinks)), full(1, f.changes), latency},
+		{"full1000", fmt.Sprintf("full state, %s, %s sinks: last sink", kb(1000), thousands(f.sinks)), full(1000, max(f.changes/4, 3)), latency},
+		{"incremental-big", fmt.Sprintf("incremental, 1 change in %s, %s sinks: last sink", kb(1000), thousands(f.bigSinks)), big, latency},
+		{"idle", fmt.Sprintf("server RSS per idle sink (%s sinks, %s, full state)", thousands(f.idleSinks), kb(100)), idleCfg, idle},
 		// The storm is the incremental row's connect: 1,000 sinks at once, each until it
 		// holds the 1,000 resources.
-		{"storm", fmt.Sprintf("connect storm, %d sinks x %s initial state: last sink", f.sinks, kb(1000)), inc, storm},
+		{"storm", fmt.Sprintf("connect storm, %s sinks x %s initial state: last sink", thousands(f.sinks), kb(1000)), inc, storm},
 	}
 }
 
@@ -154,4 +157,13 @@ func notes(row versusRow, rs []bench.VersusResult) string {
 	return fmt.Sprintf("median of %d changes; slowest change ", row.cfg.Changes) + each(func(r bench.VersusResult) string { return ms(r.LastP99()) }) +
 		"; median sink " + each(func(r bench.VersusResult) string { return ms(r.SinkP50()) }) +
 		"; push " + each(func(r bench.VersusResult) string { return fmt.Sprintf("%d B", r.Bytes()) })
+}
+
+// thousands writes n with a comma every three digits: 1,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

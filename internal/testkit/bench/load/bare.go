@@ -2,7 +2,6 @@ package load
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,11 +22,23 @@ import (
 type bare struct {
 	mcppb.UnimplementedResourceSourceServer
 
-	mu            sync.Mutex // guards the fields below
-	cond          *sync.Cond
-	version       int
-	full, delta   []byte
+	mu            sync.Mutex // guards cur, staged and stagD
+	cur           *version
 	staged, stagD []byte
+}
+
+// version is one published state. Its next is closed when a newer one is published: each
+// stream waits on its own receive, with no lock shared by all the streams.
+type version struct {
+	n           int
+	full, delta []byte
+	next        chan struct{}
+}
+
+func (b *bare) current() *version {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cur
 }
 
 // RunBare serves the bare source on addr (its bound address is the "listening" event)
@@ -36,8 +47,7 @@ func RunBare(addr string, in io.Reader, out io.Writer) error {
 	if _, err := RaiseNoFile(); err != nil {
 		return err
 	}
-	b := &bare{}
-	b.cond = sync.NewCond(&b.mu)
+	b := &bare{cur: &version{next: make(chan struct{})}}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -64,9 +74,9 @@ func RunBare(addr string, in io.Reader, out io.Writer) error {
 			e.emit(Event{Event: "staged"})
 		case "publish":
 			b.mu.Lock()
-			b.version++
-			b.full, b.delta = b.staged, b.stagD
-			b.cond.Broadcast()
+			old := b.cur
+			b.cur = &version{n: old.n + 1, full: b.staged, delta: b.stagD, next: make(chan struct{})}
+			close(old.next)
 			b.mu.Unlock()
 			e.emit(Event{Event: "published"})
 		default:
@@ -82,23 +92,22 @@ func (b *bare) EstablishResourceStream(st grpc.BidiStreamingServer[mcppb.Request
 		return err
 	}
 	incremental := req.Incremental
-	stop := context.AfterFunc(st.Context(), func() { b.mu.Lock(); b.cond.Broadcast(); b.mu.Unlock() })
-	defer stop()
-	sent := 0
+	var sent *version
+	v := b.current()
 	for nonce := 1; ; nonce++ {
-		b.mu.Lock()
-		for b.version == sent && st.Context().Err() == nil {
-			b.cond.Wait()
+		for v.n == 0 || v == sent { // nothing published yet, or nothing new
+			select {
+			case <-v.next:
+				v = b.current()
+			case <-st.Context().Done():
+				return st.Context().Err()
+			}
 		}
-		msg := b.full
-		if incremental && sent > 0 && sent == b.version-1 && b.delta != nil {
-			msg = b.delta
+		msg := v.full
+		if incremental && sent != nil && sent.n == v.n-1 && v.delta != nil {
+			msg = v.delta
 		}
-		sent = b.version
-		b.mu.Unlock()
-		if err := st.Context().Err(); err != nil {
-			return err
-		}
+		sent = v
 		if err := st.SendMsg(&RawMsg{B: msg, Tail: NonceField(strconv.Itoa(nonce))}); err != nil {
 			return err
 		}
