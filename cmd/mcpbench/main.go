@@ -70,6 +70,7 @@ func main() {
 	flag.IntVar(&versus.changes, "versus-changes", 20, "changes measured per versus row (a quarter for the 1,000-resource full state)")
 	flag.IntVar(&versus.size, "versus-size", 682, "bytes of a resource's body in the versus table (682: 770 bytes a resource, 770 KB for 1,000)")
 	flag.DurationVar(&versus.gap, "versus-gap", 100*time.Millisecond, "pause after each change of the versus table (the last ACKs settle)")
+	flag.StringVar(&versus.istioLog, "versus-istio-log", "warn", "level of Istio's mcp log scope in the versus table (info, Galley's default, logs a line per ACK: one per sink per change; meshfed logs none)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {

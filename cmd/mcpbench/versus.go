@@ -21,6 +21,7 @@ type versusFlags struct {
 	changes         int
 	size            int
 	gap             time.Duration
+	istioLog        string
 }
 
 // versusRow is one row: what it runs, and how it reads the results.
@@ -47,13 +48,13 @@ func versusRows(f versusFlags) []versusRow {
 	kb := func(n int) string {
 		return fmt.Sprintf("%s resources (%.0f KB)", thousands(n), float64(n*(f.size+88))/1000)
 	}
-	inc := bench.VersusConfig{Resources: 1000, Size: f.size, Sinks: f.sinks, Changes: f.changes, Incremental: true, Gap: f.gap}
+	inc := bench.VersusConfig{Resources: 1000, Size: f.size, Sinks: f.sinks, Changes: f.changes, Incremental: true, Gap: f.gap, IstioLogLevel: f.istioLog}
 	full := func(n, changes int) bench.VersusConfig {
-		return bench.VersusConfig{Resources: n, Size: f.size, Sinks: f.sinks, Changes: changes, Gap: f.gap}
+		return bench.VersusConfig{Resources: n, Size: f.size, Sinks: f.sinks, Changes: changes, Gap: f.gap, IstioLogLevel: f.istioLog}
 	}
 	big := inc
 	big.Sinks = f.bigSinks
-	idleCfg := bench.VersusConfig{Resources: 100, Size: f.size, Sinks: f.idleSinks}
+	idleCfg := bench.VersusConfig{Resources: 100, Size: f.size, Sinks: f.idleSinks, IstioLogLevel: f.istioLog}
 	return []versusRow{
 		{"incremental", fmt.Sprintf("incremental, 1 change in %s, %s sinks: last sink", kb(1000), thousands(f.sinks)), inc, latency},
 		{"full100", fmt.Sprintf("full state, %s, %s sinks: last sink", kb(100), thousands(f.sinks)), full(100, f.changes), latency},

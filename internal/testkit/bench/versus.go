@@ -22,6 +22,9 @@ type VersusConfig struct {
 	Resources, Size, Sinks, Changes int
 	Incremental                     bool
 	Gap                             time.Duration
+	// IstioLogLevel is the level of Istio's mcp log scope ("": its default, info, which
+	// logs every ACK: a line per sink per change).
+	IstioLogLevel string
 }
 
 // VersusResult is one server's figures in a row.
@@ -107,7 +110,7 @@ func versusOne(t procTB, cfg VersusConfig, name string) VersusResult {
 	t.Helper()
 	res := VersusResult{Server: name}
 	loadBin := testbin.Own(t, "mcpload")
-	srv := startServer(t, name, cfg.Incremental)
+	srv := startServer(t, name, cfg)
 	defer srv.stop()
 	all := make([]*mcpapi.Resource, cfg.Resources)
 	for i := range all {

@@ -34,11 +34,11 @@ type vsServer interface {
 	stop()
 }
 
-func startServer(t procTB, name string, incremental bool) vsServer {
+func startServer(t procTB, name string, cfg VersusConfig) vsServer {
 	t.Helper()
 	switch name {
 	case "istio":
-		return startIstio(t, incremental)
+		return startIstio(t, cfg.Incremental, cfg.IstioLogLevel)
 	case "meshfed":
 		return startMeshfed(t)
 	case "bare":
@@ -60,12 +60,16 @@ type istioServer struct {
 	op   string
 }
 
-func startIstio(t procTB, incremental bool) *istioServer {
+func startIstio(t procTB, incremental bool, logLevel string) *istioServer {
 	args := []string{"-mode", "source-server", "-addr", "127.0.0.1:0", "-collections", hubCollection}
 	if incremental {
 		args = append(args, "-incremental") // the source allows it; the sinks ask for it
 	}
-	s := &istioServer{j: startJSON(t, testbin.Require(t, "istio-mcp-peer"), args, nil, nil)}
+	env := os.Environ()
+	if logLevel != "" {
+		env = append(env, "ISTIO_MCP_PEER_LOG_LEVEL="+logLevel)
+	}
+	s := &istioServer{j: startJSON(t, testbin.Require(t, "istio-mcp-peer"), args, env, nil)}
 	s.at = s.j.next("listening", 30*time.Second).Addr
 	return s
 }
