@@ -31,7 +31,7 @@ test: testbins ## every test tier, with -race: unit, real gRPC, real kube-apiser
 test-e2e: testbins ## make test plus tests behind the e2e build tag (multi-process tests already run in make test)
 	$(GO) test -race -count=1 -timeout 30m -tags e2e $(PKGS)
 
-bench: testbins ## benchmark tables (with same-run baselines) and Go benchmarks
+bench: testbins ## benchmark tables (with same-run baselines; versus: meshfed, Istio's own MCP server and bare gRPC as processes) and Go benchmarks
 	$(GO) run ./cmd/mcpbench
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./mcp/... ./minion/...
 	$(GO) test -run '^$$' -bench BenchmarkChangeToIstiod -benchtime 1x -v ./test/istiod | grep -E 'Benchmark|p50'  # a real istiod: relay, direct, and the MCP sink baseline
