@@ -157,7 +157,8 @@ func notes(row versusRow, rs []bench.VersusResult) string {
 	}
 	return fmt.Sprintf("median of %d changes; slowest change ", row.cfg.Changes) + each(func(r bench.VersusResult) string { return ms(r.LastP99()) }) +
 		"; median sink " + each(func(r bench.VersusResult) string { return ms(r.SinkP50()) }) +
-		"; push " + each(func(r bench.VersusResult) string { return fmt.Sprintf("%d B", r.Bytes()) })
+		"; push " + each(func(r bench.VersusResult) string { return fmt.Sprintf("%d B", r.Bytes()) }) +
+		"; server CPU per change " + each(func(r bench.VersusResult) string { return ms(r.CPUPerChange) })
 }
 
 // thousands writes n with a comma every three digits: 1,000.

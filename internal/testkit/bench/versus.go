@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 )
 
 // VersusServers are the servers of the versus table, in its column order: Istio 1.8's own
@@ -40,6 +41,9 @@ type VersusResult struct {
 	RSSBeforeKiB, RSSAfterKiB int
 	// NoFile is the load process's open-file limit.
 	NoFile uint64
+	// CPUPerChange is the server process's CPU time (user+system) over the changes, per
+	// change: its ACKs of the previous change and the gap included.
+	CPUPerChange time.Duration
 }
 
 // Last is the median over the changes of the time until the last sink had the change.
@@ -121,7 +125,7 @@ func versusOne(t procTB, cfg VersusConfig, name string) VersusResult {
 	srv.settle()
 	time.Sleep(200 * time.Millisecond)
 	var err error
-	if res.RSSBeforeKiB, err = rssKiB(srv.pid()); err != nil {
+	if res.RSSBeforeKiB, err = testproc.RSSKiB(srv.pid()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -135,10 +139,14 @@ func versusOne(t procTB, cfg VersusConfig, name string) VersusResult {
 	l.send(load.Command{Op: "connect", Expect: cfg.Resources})
 	res.Connect = l.next("connected", 5*time.Minute)
 	time.Sleep(time.Second)
-	if res.RSSAfterKiB, err = rssKiB(srv.pid()); err != nil {
+	if res.RSSAfterKiB, err = testproc.RSSKiB(srv.pid()); err != nil {
 		t.Fatal(err)
 	}
 
+	cpu0, err := testproc.CPU(srv.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for k := 1; k <= cfg.Changes; k++ {
 		i := (k - 1) % cfg.Resources
 		all[i] = Resource(i, k, cfg.Size)
@@ -150,6 +158,13 @@ func versusOne(t procTB, cfg VersusConfig, name string) VersusResult {
 		res.Changes = append(res.Changes, l.next("change", 2*time.Minute))
 		srv.settle()
 		time.Sleep(cfg.Gap)
+	}
+	if cfg.Changes > 0 {
+		cpu1, err := testproc.CPU(srv.pid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.CPUPerChange = (cpu1 - cpu0) / time.Duration(cfg.Changes)
 	}
 	return res
 }

@@ -2,10 +2,6 @@ package bench
 
 import (
 	"encoding/json"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
@@ -87,17 +83,3 @@ func (j *jproc) next(want string, limit time.Duration) load.Event {
 
 // stop ends the process: its input closed, then killed (by its PID, through testproc).
 func (j *jproc) stop() { j.p.Stdin().Close(); j.p.Kill() }
-
-// rssKiB is process pid's resident set (VmRSS) in KiB.
-func rssKiB(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			return strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
-}

@@ -32,6 +32,7 @@ import (
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 	"github.com/meshfed/meshfed/minion"
 	"github.com/meshfed/meshfed/routing"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -432,22 +433,7 @@ func (h *Hub) SinkCount() (int, error) {
 }
 
 // CPU returns the replica's user+system CPU time so far.
-func (h *Hub) CPU() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", h.Pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command (which may contain spaces) start after the last ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	var ut, st int64
-	if _, err := fmt.Sscan(f[11], &ut); err != nil {
-		return 0, err
-	}
-	if _, err := fmt.Sscan(f[12], &st); err != nil {
-		return 0, err
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
-}
+func (h *Hub) CPU() (time.Duration, error) { return testproc.CPU(h.Pid) }
 
 // Minion is one minion process.
 type Minion struct {

@@ -2,6 +2,7 @@ package testproc
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -148,5 +149,17 @@ func TestProcStdin(t *testing.T) {
 	}
 	if got, want := strings.Join(seen.get(), "|"), fmt.Sprintf("pid %d|got hello", p.Pid()); got != want {
 		t.Errorf("output %q, want %q", got, want)
+	}
+}
+
+// TestCPUAndRSS read this process's own figures.
+func TestCPUAndRSS(t *testing.T) {
+	for start := time.Now(); time.Since(start) < 50*time.Millisecond; { // some CPU to see
+	}
+	if c, err := CPU(os.Getpid()); err != nil || c <= 0 {
+		t.Errorf("CPU = %v, %v", c, err)
+	}
+	if r, err := RSSKiB(os.Getpid()); err != nil || r <= 0 {
+		t.Errorf("RSSKiB = %v, %v", r, err)
 	}
 }
