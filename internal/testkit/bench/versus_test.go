@@ -6,11 +6,12 @@ import (
 )
 
 // TestVersusPlumbing runs the versus table's machinery small, so that it cannot rot
-// silently: the load process (cmd/mcpload) with 5 sinks against the bare source and a hub
-// process, full-state and incremental, and every sink must report the initial state and
-// every change.
+// silently: the load process (cmd/mcpload) with 5 sinks against each server (the bare
+// source, a hub process, Istio's peer: built by make testbins, as for test/interop),
+// full-state and incremental, and every sink must report the initial state and every
+// change.
 func TestVersusPlumbing(t *testing.T) {
-	for _, server := range []string{"bare", "meshfed"} {
+	for _, server := range VersusServers {
 		for _, incremental := range []bool{false, true} {
 			cfg := VersusConfig{Resources: 10, Size: 64, Sinks: 5, Changes: 3, Incremental: incremental, Gap: time.Millisecond}
 			r := versusOne(t, cfg, server)
