@@ -154,6 +154,7 @@ func versusOne(t procTB, cfg VersusConfig, name string) VersusResult {
 		l.send(load.Command{Op: "arm", ID: k, Name: all[i].Metadata.Name, Version: srv.served(k)})
 		l.next("armed", 30*time.Second)
 		l.send(load.Command{Op: "start", ID: k})
+		l.next("started", 30*time.Second) // the load process has taken the time: the change comes after it
 		srv.publish()
 		res.Changes = append(res.Changes, l.next("change", 2*time.Minute))
 		srv.settle()

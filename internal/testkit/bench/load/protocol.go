@@ -27,7 +27,8 @@ type Command struct {
 // Event is one line the load process writes to stdout.
 type Event struct {
 	// Event is "ready" (sinks mode started; NoFile is its descriptor limit), "listening"
-	// (bare mode; Addr), "connected", "armed", "change", "staged", "published" or "error".
+	// (bare mode; Addr), "connected", "armed", "started" (the change's start time is
+	// taken: make the change now), "change", "staged", "published" or "error".
 	Event string `json:"event"`
 	ID    int    `json:"id,omitempty"`
 	Addr  string `json:"addr,omitempty"`

@@ -90,9 +90,10 @@ func RunSinks(opts Options, in io.Reader, out io.Writer) error {
 			l.mu.Lock()
 			if r := l.round; r != nil && r.id == c.ID {
 				r.t0 = t0
-				l.finish(r) // the controller does not wait for "start" to be read
 			}
 			l.mu.Unlock()
+			// The controller makes the change once it reads this: every arrival is after t0.
+			l.out.emit(Event{Event: "started", ID: c.ID})
 		default:
 			l.out.emit(Event{Event: "error", Message: fmt.Sprintf("unknown op %q", c.Op)})
 		}
@@ -170,8 +171,7 @@ func (l *sinks) note(i int, f *Frame, held int) {
 	l.finish(r)
 }
 
-// finish reports r once every sink had it and it has started (l.mu held). A sink may have
-// the change before "start" is read: the controller makes it right after writing "start".
+// finish reports r once every sink had it and it has started (l.mu held).
 func (l *sinks) finish(r *round) {
 	if r.left > 0 || r.t0 == 0 {
 		return
