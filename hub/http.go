@@ -24,10 +24,9 @@ func (h *Hub) Why(collection, name string) api.Why {
 	return h.why(vendor(h.current().comp), collection, name)
 }
 
-// why explains collection/name as v may see it: only candidates v sees, refusals of v's
-// clusters and v's sinks; of another tenant's object, v learns nothing (it is not served,
-// as far as v can tell).
-func (h *Hub) why(v viewer, collection, name string) api.Why {
+// whyServed is why without its sinks: the candidates, the one served, and the refusals (what
+// /api/object shows, which lists no sinks).
+func (h *Hub) whyServed(v viewer, collection, name string) api.Why {
 	cands, why := h.store.candidates(v, collection, name)
 	w := api.Why{Collection: collection, Name: name, Candidates: cands, Conflict: why, Rejected: []api.Refused{}, Sinks: []api.WhySink{}}
 	if w.Candidates == nil {
@@ -46,6 +45,14 @@ func (h *Hub) why(v viewer, collection, name string) api.Why {
 		}
 		cs.mu.Unlock()
 	}
+	return w
+}
+
+// why explains collection/name as v may see it: only candidates v sees, refusals of v's
+// clusters and v's sinks; of another tenant's object, v learns nothing (it is not served,
+// as far as v can tell).
+func (h *Hub) why(v viewer, collection, name string) api.Why {
+	w := h.whyServed(v, collection, name)
 	for _, s := range h.sinks.list(v.comp) {
 		if !v.seesRoute(s.route) {
 			continue
@@ -59,7 +66,7 @@ func (h *Hub) why(v viewer, collection, name string) api.Why {
 		ws := api.WhySink{Stream: s.Stream, Protocol: s.Protocol, Identity: s.Identity, NodeID: s.NodeID, Rules: s.Rules}
 		if c := s.Collections[collection]; c != nil && !c.Pending {
 			ws.UpToDate = c.AckedVersion == c.PushedVersion && c.AckedVersion > 0
-			if c.LastNACK != "" && c.NACKedVersion == c.PushedVersion {
+			if c.State == api.SinkNACKed { // as the sink list judged it
 				ws.NACK = c.LastNACK
 			}
 		}
@@ -81,8 +88,14 @@ func (h *Hub) Clusters() []api.ClusterStatus { return h.clusterStatuses(vendor(h
 
 // clusterStatuses returns the state of every configured cluster v owns.
 func (h *Hub) clusterStatuses(v viewer) []api.ClusterStatus {
+	return h.clusterStatusesWith(v, h.store.conflicts(v))
+}
+
+// clusterStatusesWith is clusterStatuses for the conflicts v sees (a caller that needs
+// them too walks the store once).
+func (h *Hub) clusterStatusesWith(v viewer, conflicts []api.Conflict) []api.ClusterStatus {
 	lost := map[string]map[string]map[string]string{} // cluster -> collection -> name -> winner
-	for _, c := range h.store.conflicts(v) {
+	for _, c := range conflicts {
 		for _, l := range c.Losers {
 			if lost[l] == nil {
 				lost[l] = map[string]map[string]string{}

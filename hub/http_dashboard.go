@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,35 +54,53 @@ func (h *Hub) serveSinks(w http.ResponseWriter, r *http.Request) {
 // overview summarizes what v owns: its clusters, and its sinks counted by fleet and state.
 func (h *Hub) overview(v viewer) api.Overview {
 	o := api.Overview{Clusters: []api.ClusterSummary{}, Fleets: []api.Fleet{}, Ready: h.Ready(), Time: h.now()}
-	for _, st := range h.clusterStatuses(v) {
-		o.Clusters = append(o.Clusters, h.summarize(v, st))
-	}
-	for _, c := range o.Clusters {
+	conflicts := h.store.conflicts(v)
+	for _, st := range h.clusterStatusesWith(v, conflicts) {
+		c := h.summarize(v, st)
+		o.Clusters = append(o.Clusters, c)
 		o.Refusals += c.Refusals
 	}
-	o.Conflicts = len(h.store.conflicts(v))
-	fleets := map[string]*api.Fleet{}
-	h.sinks.each(v.comp, func(_ *sinkEntry, s listedSink) {
+	o.Conflicts = len(conflicts)
+	for _, f := range h.fleets(v) {
+		o.Fleets = append(o.Fleets, f.Fleet)
+		c := &o.Sinks
+		c.Total, c.Synced, c.Syncing, c.Stale, c.NACKed = c.Total+f.Total, c.Synced+f.Synced, c.Syncing+f.Syncing, c.Stale+f.Stale, c.NACKed+f.NACKed
+	}
+	return o
+}
+
+// fleet is one fleet as counted: its route, which names it, and its sinks' counts.
+type fleet struct {
+	rt route
+	api.Fleet
+}
+
+// fleets counts the connected sinks v sees by fleet (their route) and state, each fleet
+// with its oldest unanswered push, in the order of their keys: the overview and the fleet
+// gauges (stateCollector) both read it.
+func (h *Hub) fleets(v viewer) []fleet {
+	byKey := map[string]*fleet{}
+	h.sinks.each(v.comp, func(s listedSink) {
 		if !v.seesRoute(s.route) {
 			return
 		}
 		key := s.route.key()
-		f := fleets[key]
+		f := byKey[key]
 		if f == nil {
-			f = &api.Fleet{Key: key, Tenant: s.Tenant, Rules: orEmpty(s.Rules)}
-			fleets[key] = f
+			f = &fleet{rt: s.route, Fleet: api.Fleet{Key: key, Tenant: s.Tenant, Rules: orEmpty(s.Rules)}}
+			byKey[key] = f
 		}
 		count(&f.StateCounts, s.State)
-		count(&o.Sinks, s.State)
 		if s.BehindSince != nil && (f.OldestBehind == nil || s.BehindSince.Before(*f.OldestBehind)) {
 			f.OldestBehind = s.BehindSince
 		}
 	})
-	for _, f := range fleets {
-		o.Fleets = append(o.Fleets, *f)
+	out := make([]fleet, 0, len(byKey))
+	for _, f := range byKey {
+		out = append(out, *f)
 	}
-	sort.Slice(o.Fleets, func(i, j int) bool { return o.Fleets[i].Key < o.Fleets[j].Key })
-	return o
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
 }
 
 // overviewEvery is how long one overview answers every request of the same scope (the
@@ -123,6 +142,21 @@ func (c *overviewCache) get(h *Hub, v viewer) api.Overview {
 }
 
 // count adds a sink in state to c.
+// countOf is c's count of sinks in state.
+func countOf(c api.StateCounts, state string) int {
+	switch state {
+	case api.SinkSynced:
+		return c.Synced
+	case api.SinkSyncing:
+		return c.Syncing
+	case api.SinkStale:
+		return c.Stale
+	case api.SinkNACKed:
+		return c.NACKed
+	}
+	return 0
+}
+
 func count(c *api.StateCounts, state string) {
 	c.Total++
 	switch state {
@@ -260,32 +294,22 @@ func (q sinkQuery) matches(s listedSink) bool {
 	if q.q == "" {
 		return true
 	}
-	for _, f := range append([]string{s.Identity, s.NodeID, s.Peer, s.Tenant, strconv.FormatUint(s.Stream, 10)}, s.Rules...) {
-		if strings.Contains(strings.ToLower(f), q.q) {
-			return true
-		}
-	}
-	return false
+	has := func(f string) bool { return strings.Contains(strings.ToLower(f), q.q) }
+	return has(s.Identity) || has(s.NodeID) || has(s.Peer) || has(s.Tenant) || has(strconv.FormatUint(s.Stream, 10)) || slices.ContainsFunc(s.Rules, has)
 }
 
-// sinkPage is the page of v's sinks that q selects. Of the sinks it selects it keeps only
-// their entries, and lists only the page's: with 10,000 sinks, a page costs no copy of
-// them all.
+// sinkPage is the page of v's sinks that q selects, each as it was judged when selected
+// (one listing: a sink selected as Stale is shown Stale).
 func (h *Hub) sinkPage(v viewer, q sinkQuery) api.SinkPage {
-	var sel []*sinkEntry
-	h.sinks.each(v.comp, func(e *sinkEntry, s listedSink) {
+	var sel []api.SinkStatus
+	h.sinks.each(v.comp, func(s listedSink) {
 		if v.seesRoute(s.route) && q.matches(s) {
-			sel = append(sel, e)
+			sel = append(sel, s.SinkStatus)
 		}
 	})
-	sort.Slice(sel, func(i, j int) bool { return sel[i].info.ID < sel[j].info.ID })
+	sort.Slice(sel, func(i, j int) bool { return sel[i].Stream < sel[j].Stream })
 	from, to := q.window(len(sel))
-	p := api.SinkPage{Total: len(sel), Offset: q.offset, Limit: q.limit, Sinks: []api.SinkStatus{}}
-	now := h.sinks.now()
-	for _, e := range sel[from:to] {
-		p.Sinks = append(p.Sinks, e.listed(v.comp, now).SinkStatus)
-	}
-	return p
+	return api.SinkPage{Total: len(sel), Offset: q.offset, Limit: q.limit, Sinks: append([]api.SinkStatus{}, sel[from:to]...)}
 }
 
 // refusalQuery selects refusals: those of cluster ("" for every one), whose cluster,

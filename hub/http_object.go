@@ -98,7 +98,7 @@ func (s *store) viewedTenant(v viewer, r *resource) string {
 // object is coll/name as v sees it: why's candidates and refusals, and the served copy's
 // content.
 func (h *Hub) object(v viewer, coll, name string) (api.Object, error) {
-	w := h.why(v, coll, name)
+	w := h.whyServed(v, coll, name)
 	o := api.Object{Collection: coll, Name: name, Candidates: w.Candidates, Conflict: w.Conflict, Rejected: w.Rejected}
 	if w.Served == nil {
 		return o, nil

@@ -54,32 +54,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.clusterSynced, prometheus.GaugeValue, boolValue(synced), cs.name)
 		}
 	}
-	type fleetKey struct{ tenant, rules string }
-	type fleetStats struct {
-		states map[string]int
-		oldest float64 // seconds
-	}
 	now := c.h.sinks.now() // the clock the sinks' states are judged by
-	fleets := map[fleetKey]*fleetStats{}
-	c.h.sinks.each(c.h.current().comp, func(_ *sinkEntry, s listedSink) {
-		k := fleetKey{labelOrNone(s.route.tenant), labelOrNone(s.route.sub.Key())} // the route's, as the dashboard's fleets
-		f := fleets[k]
-		if f == nil {
-			f = &fleetStats{states: map[string]int{}}
-			fleets[k] = f
-		}
-		f.states[s.State]++
-		if s.BehindSince != nil {
-			f.oldest = max(f.oldest, now.Sub(*s.BehindSince).Seconds())
-		}
-	})
-	for k, f := range fleets {
+	for _, f := range c.h.fleets(vendor(c.h.current().comp)) {
+		tenant, rules := labelOrNone(f.rt.tenant), labelOrNone(f.rt.sub.Key()) // the route's, as the dashboard's fleets
 		// Every state of a fleet has a series, 0 included: an alert on one state sees it
 		// clear, and a panel stacks the same states for every fleet.
 		for _, state := range api.SinkStates {
-			ch <- prometheus.MustNewConstMetric(c.fleetSinks, prometheus.GaugeValue, float64(f.states[state]), k.tenant, k.rules, state)
+			ch <- prometheus.MustNewConstMetric(c.fleetSinks, prometheus.GaugeValue, float64(countOf(f.StateCounts, state)), tenant, rules, state)
 		}
-		ch <- prometheus.MustNewConstMetric(c.fleetBehind, prometheus.GaugeValue, f.oldest, k.tenant, k.rules)
+		behind := 0.0
+		if f.OldestBehind != nil {
+			behind = now.Sub(*f.OldestBehind).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(c.fleetBehind, prometheus.GaugeValue, behind, tenant, rules)
 	}
 }
 

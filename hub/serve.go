@@ -423,18 +423,19 @@ type listedSink struct {
 // here as it is served.
 func (r *sinkRegistry) list(comp *compiled) []listedSink {
 	var out []listedSink
-	r.each(comp, func(e *sinkEntry, s listedSink) { out = append(out, s) })
+	r.each(comp, func(s listedSink) { out = append(out, s) })
 	sort.Slice(out, func(i, j int) bool { return out[i].Stream < out[j].Stream })
 	return out
 }
 
 // each calls f with every connected sink as list lists it, in no order: a caller that
-// keeps few of them (the dashboard's counts and pages) keeps no copy of the rest.
-func (r *sinkRegistry) each(comp *compiled, f func(*sinkEntry, listedSink)) {
+// keeps few of them (the dashboard's counts and pages) holds no list of them all, though
+// each sink is still copied as it is judged.
+func (r *sinkRegistry) each(comp *compiled, f func(listedSink)) {
 	now := r.now()
 	r.sinks.Range(func(_, v any) bool {
 		e := v.(*sinkEntry)
-		f(e, e.listed(comp, now))
+		f(e.listed(comp, now))
 		return true
 	})
 }
