@@ -285,10 +285,14 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	for _, r := range rejected[:refused] {
 		rj[r.Resource] = r.Reason
 	}
+	tenant := ""
+	if len(rejected) > 0 {
+		tenant = cur.comp.tenants.OfCluster(cs.name) // the push's configuration's, once
+	}
 	for i, r := range rejected {
 		h.metrics.rejected(cs.name, c.Collection)
 		cs.log.Warn("resource rejected", "collection", c.Collection, "resource", r.Resource, "reason", r.Reason)
-		h.note(api.Event{Kind: api.EventRefusal, Cluster: cs.name, Collection: c.Collection, Name: r.Resource, Reason: reasons[i], Message: r.Reason})
+		h.note(api.Event{Kind: api.EventRefusal, Tenant: tenant, Cluster: cs.name, Collection: c.Collection, Name: r.Resource, Reason: reasons[i], Message: r.Reason})
 	}
 	h.metrics.resources(cs.name, c.Collection, res.held) // under cs.mu: a removal forgets the series after
 	cs.mu.Unlock()
