@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub/acl"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/hub/pattern"
 	"github.com/meshfed/meshfed/hub/tenancy"
 	"github.com/meshfed/meshfed/internal/ops"
@@ -199,7 +200,7 @@ func Defaults() *Config {
 		// keepalive notices: 64 leaves room for both. Every peer speaks at once.
 		// A refusal answered at once lets a looping peer make thousands a second; answered
 		// after a second, each of its loops makes one (make bench, noisy-tenant row).
-		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(time.Second)},
+		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(mcp.DefaultRefusalDelay)},
 		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
 		// seconds covers a source pushing each of its collections in turn.
@@ -229,8 +230,8 @@ func Defaults() *Config {
 func DefaultConfig() *Config {
 	c := Defaults()
 	c.DevCA = true
-	c.HTTP = "127.0.0.1:9990"
-	c.AdminTLS = "127.0.0.1:9991" // so that an operator's certificate has somewhere to act
+	c.HTTP = api.DefaultHTTPAddr
+	c.AdminTLS = api.DefaultAdminTLSAddr // so that an operator's certificate has somewhere to act
 	c.Clusters = []ClusterConfig{{Name: "dev", Namespaces: []string{"*"}, Hosts: []string{"*"}}}
 	c.Routing = routing.Config{Default: &routing.Rule{Name: "everything"}}
 	c.WarmUp = ops.D(5 * time.Second) // one local minion: no need to wait long

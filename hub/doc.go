@@ -28,7 +28,11 @@
 // listener, with its cluster's identity, to re-serve inside its cluster; routing selects it
 // only by rules for relays), reload.go (a new configuration applied without a restart),
 // http.go (the admin API, whose types are package hub/api; operator.go decides who may take
-// its actions), persist.go (each cluster's last-known state in the state file, package
+// its actions; http_object.go what is served of an object, http_dashboard.go the fleet
+// dashboard's summaries and pages, package hub/dashboard its page), events.go (the recent
+// refusals, reloads, breakers, connections and replica changes, a ring per tenant, which
+// the paths that cause them note), metrics.go and metrics_state.go (the metrics counted
+// where things happen, and the gauges read from the hub's state at scrape time), persist.go (each cluster's last-known state in the state file, package
 // hub/durable, restored at start), config.go (the configuration file and its one literal of
 // defaults), config_tenants.go (tenants: each a group of clusters and sink fleets, with its
 // own ownership and routing; claims of two tenants never overlap), scope.go (whose eyes the

@@ -413,6 +413,11 @@ func (s *Subset) Includes(collection, cluster, namespace string, lbls map[string
 	return false
 }
 
+// Match reports whether the routing pattern p matches s: "*" matches any run of characters
+// (including "/" and ""), the rest is literal. It is the grammar of a rule's identities,
+// node ids, collections and clusters, for a tool that checks a rule against names.
+func Match(p, s string) bool { return newGlob(p).match(s) }
+
 // glob is a pattern where "*" matches any run of characters (including "/" and "").
 type glob struct {
 	exact string   // set when the pattern has no "*"

@@ -108,6 +108,13 @@ func NewSource(files Files, log *slog.Logger) (*Source, error) {
 // change that does not load (a half-written file, a key that does not match) is logged and
 // the previous credentials stay in use.
 func (s *Source) current() (*tls.Certificate, *x509.CertPool) {
+	cur := s.latest()
+	return cur.cert, cur.pool
+}
+
+// latest is the files as last loaded, re-read first when they changed (at most every
+// recheck): the certificate, the bundle and its dates from one reading.
+func (s *Source) latest() loaded {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if now := s.now(); now.Sub(s.checked) >= recheck {
@@ -126,16 +133,14 @@ func (s *Source) current() (*tls.Certificate, *x509.CertPool) {
 			}
 		}
 	}
-	return s.cur.cert, s.cur.pool
+	return s.cur
 }
 
 // NotAfter returns when the current certificate expires, and when the first certificate of
 // the current bundle does (for metrics: a rotation that did not happen shows here first).
 func (s *Source) NotAfter() (cert, bundle time.Time) {
-	c, _ := s.current()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return c.Leaf.NotAfter, s.cur.bundleNotAfter
+	cur := s.latest() // both dates from one reading of the files
+	return cur.cert.Leaf.NotAfter, cur.bundleNotAfter
 }
 
 // ValidFor reports whether the current certificate is valid now and for at least d more.

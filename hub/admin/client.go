@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/meshfed/meshfed/hub/api"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
@@ -46,7 +47,7 @@ func (c *conn) client() (*client, error) {
 		if c.key != "" || c.ca != "" || c.serverName != "" {
 			return nil, errors.New("--key, --ca and --server-name go with --cert (a client certificate, for the hub's adminTLS listener)")
 		}
-		addr, err := adminAddr(c.addr, "http", "127.0.0.1:9990")
+		addr, err := adminAddr(c.addr, "http", api.DefaultHTTPAddr)
 		if err != nil {
 			return nil, err
 		}
@@ -58,7 +59,7 @@ func (c *conn) client() (*client, error) {
 	case c.ca == "":
 		return nil, errors.New("--ca: required with --cert (the bundle the hub's certificate must chain to)")
 	}
-	addr, err := adminAddr(c.addr, "https", "127.0.0.1:9991")
+	addr, err := adminAddr(c.addr, "https", api.DefaultAdminTLSAddr)
 	if err != nil {
 		return nil, err
 	}

@@ -19,14 +19,18 @@
 //	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
 //	/api/tenants                      []Tenant
-//	/api/events?since=SEQ&limit=N     Events: what happened recently (refusals, reloads, breakers, clusters, replicas)
+//	/api/events?since=SEQ&boot=B&limit=N  Events: what happened recently (refusals, reloads, breakers, clusters, replicas)
 //	/api/state                        State: the file keeping the clusters' last-known state
 //	/                                 the fleet dashboard (package hub/dashboard), HTML
 //
 // Who may read them: anyone who reaches the hub's http listener, which carries no identity
 // (it serves Prometheus and the probes too; keep it on loopback or a network only they and
-// operators reach), and, on the adminTLS listener (the same endpoints over mutual TLS), any
-// client certificate the hub's bundle verifies. Reading changes nothing.
+// operators reach), and, on the adminTLS listener (the same endpoints over mutual TLS), a
+// client certificate the hub's bundle verifies: any, in a hub without tenants or a
+// top-level operators list; otherwise an operator's, the vendor's (listed in operators:
+// everything) or a tenant's (its tenant's answers only, and only the tenant's paths), and
+// nothing for an operator listed nowhere or a certificate that is not an operator's.
+// Reading changes nothing.
 //
 // Actions, which change the hub, are POST (other methods: 405) and need an authenticated
 // operator: on adminTLS, a client certificate whose identity is
@@ -42,6 +46,13 @@
 package api
 
 import "time"
+
+// The development hub's admin listeners (hub.DefaultConfig), which the operator's commands
+// ask when given no address.
+const (
+	DefaultHTTPAddr     = "127.0.0.1:9990"
+	DefaultAdminTLSAddr = "127.0.0.1:9991"
+)
 
 // OriginAnnotation is set on every served resource to the name of the cluster it came from.
 const OriginAnnotation = "meshfed.io/origin-cluster"

@@ -120,37 +120,11 @@ func idleRules(g group, collections []string, td string) []string {
 // of names.
 func matchesAny(p string, names []string) bool {
 	for _, n := range names {
-		if globMatch(p, n) {
+		if routing.Match(p, n) {
 			return true
 		}
 	}
 	return false
-}
-
-// globMatch is routing's pattern grammar: "*" matches any run of characters, including
-// "/"; the rest is literal.
-func globMatch(p, s string) bool {
-	if !strings.Contains(p, "*") {
-		return p == s
-	}
-	// path.Match's * stops at "/": split the pattern at its stars instead.
-	parts := strings.Split(p, "*")
-	if !strings.HasPrefix(s, parts[0]) {
-		return false
-	}
-	s = s[len(parts[0]):]
-	for i, part := range parts[1:] {
-		last := i == len(parts)-2
-		if last {
-			return strings.HasSuffix(s, part)
-		}
-		k := strings.Index(s, part)
-		if k < 0 {
-			return false
-		}
-		s = s[k+len(part):]
-	}
-	return true
 }
 
 // identityProblem says what is wrong with an exact identity of kind (cluster, sink) under

@@ -272,10 +272,6 @@ func LoadFile[T any](path string, parse func([]byte) (T, error)) (T, error) {
 	return v, nil
 }
 
-// Logger returns the programs' structured (JSON) logger writing to w at level: debug, info,
-// warn or error.
-func Logger(w io.Writer, level string) (*slog.Logger, error) { return NewLogger(w, level, "json") }
-
 // LogFormats are the formats NewLogger writes: JSON for machines (the default: log
 // pipelines parse it), text (key=value) for people at a terminal.
 var LogFormats = []string{"json", "text"}

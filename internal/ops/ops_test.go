@@ -369,11 +369,11 @@ func TestLoadFileAndLogger(t *testing.T) {
 	if v, err := LoadFile(path, func(b []byte) (string, error) { return string(b), nil }); v != "x" || err != nil {
 		t.Errorf("LoadFile = %q, %v", v, err)
 	}
-	if _, err := Logger(io.Discard, "loud"); err == nil || !strings.Contains(err.Error(), `"loud"`) {
-		t.Errorf("Logger(loud): %v", err)
+	if _, err := NewLogger(io.Discard, "loud", "json"); err == nil || !strings.Contains(err.Error(), `"loud"`) {
+		t.Errorf("NewLogger(loud): %v", err)
 	}
-	if l, err := Logger(io.Discard, "warn"); err != nil || l.Enabled(context.Background(), slog.LevelInfo) {
-		t.Errorf("Logger(warn): %v", err)
+	if l, err := NewLogger(io.Discard, "warn", "json"); err != nil || l.Enabled(context.Background(), slog.LevelInfo) {
+		t.Errorf("NewLogger(warn): %v", err)
 	}
 }
 
