@@ -24,7 +24,7 @@ import (
 
 const vsColl = "istio/networking/v1alpha3/virtualservices"
 
-func testHub(t *testing.T, yaml string) *Hub {
+func testHub(t testing.TB, yaml string) *Hub {
 	t.Helper()
 	cfg, err := ParseConfig([]byte(yaml))
 	if err != nil {

@@ -2,7 +2,6 @@ package hub
 
 import (
 	"fmt"
-	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -112,15 +111,7 @@ func TestFairGateExcludes(t *testing.T) {
 // benchHub is tenantHub for a benchmark, its write path with or without the gate.
 func benchHub(b *testing.B, gated bool) *Hub {
 	b.Helper()
-	cfg, err := ParseConfig([]byte(strings.Replace(tenantHub, "  ACME\n", "", 1)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.StateDir = b.TempDir()
-	h, err := New(cfg, slog.New(slog.DiscardHandler), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	h := testHub(b, strings.Replace(tenantHub, "  ACME\n", "", 1))
 	if !gated {
 		h.store.gate = nil
 	}
@@ -200,15 +191,7 @@ func BenchmarkWriteWithOtherTenantsViews(b *testing.B) {
 			for i := range n {
 				fmt.Fprintf(&y, "- name: t%03d\n  sinks: [\"t%03d-*\"]\n  clusters: [{name: c%03d, identities: [c%03d], namespaces: [n%03d], hosts: [\"*.n%03d.svc.cluster.local\"]}]\n  routing: {rules: [{name: all, identities: [\"*\"]}]}\n", i, i, i, i, i, i)
 			}
-			cfg, err := ParseConfig([]byte(y.String()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			cfg.StateDir = b.TempDir()
-			h, err := New(cfg, slog.New(slog.DiscardHandler), Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
+			h := testHub(b, y.String())
 			for i := range n {
 				info := mcp.NewStreamInfo(fmt.Sprintf("t%03d-istiod", i), nil, func() {})
 				_, cancel, _ := router{h}.Watch(info, vsColl, func() {})

@@ -2,7 +2,6 @@ package hub
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -26,15 +25,7 @@ func scaleHub(b testing.TB) *Hub {
 	for r := range 20 {
 		fmt.Fprintf(&y, "  - {name: r%02d, nodeIds: [\"n%02d-*\"], identities: [\"*\"]}\n", r, r)
 	}
-	cfg, err := ParseConfig([]byte(y.String()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.StateDir = b.TempDir()
-	h, err := New(cfg, slog.New(slog.DiscardHandler), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	h := testHub(b, y.String())
 	for c := range 100 {
 		cluster := fmt.Sprintf("c%02d", c)
 		_ = h.Apply(cluster, edit(b, fmt.Sprintf("elsewhere/refused-%02d", c), 1)) // refused: its error is the NACK's

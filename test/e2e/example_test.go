@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/meshfed/meshfed/internal/testkit/replicatest"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
@@ -51,18 +50,8 @@ func TestExampleMinionAgainstTheDefaultHub(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "minion.yaml"), []byte(moved), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "minion")
-	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root, "cmd", "minion")).CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "-config", "minion.yaml", "--log-format", "text")
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = testlog.Writer(t, "minion: "), testlog.Writer(t, "minion: ")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	testproc.Start(t, testproc.Options{Path: testbin.Own(t, "minion"), Args: []string{"-config", "minion.yaml", "--log-format", "text"},
+		Dir: dir, Name: "minion", Log: testlog.Writer(t, "minion: ")})
 	testwait.For(t, 60*time.Second, "the example minion synced to the default hub, nothing refused", func() bool {
 		cl := h.Clusters()
 		return len(cl) == 1 && cl[0].Name == "dev" && cl[0].Connected && cl[0].Synced && len(cl[0].Rejections) == 0 && sumOf(cl[0].Resources) > 0
