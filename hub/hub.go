@@ -239,8 +239,9 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	defer func() { err = errors.Join(err, h.closeState()) }()
 	g, ctx := errgroup.WithContext(ctx)
 
-	serverOpts := func(creds credentials.TransportCredentials) []grpc.ServerOption {
-		opts := append(mcp.ServerOptions(),
+	// serverOpts are a listener's options: base (mcp's, for a server of pushes or of sinks), then the hub's.
+	serverOpts := func(base []grpc.ServerOption, creds credentials.TransportCredentials) []grpc.ServerOption {
+		opts := append(base,
 			grpc.MaxRecvMsgSize(MaxIngestMessageSize),
 			// istiod pings every 30 s; allow that and more without closing the connection.
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -256,7 +257,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 		srv  *grpc.Server
 		set  *string
 	}
-	ingest := grpc.NewServer(serverOpts(h.creds)...)
+	ingest := grpc.NewServer(serverOpts(mcp.ServerOptions(), h.creds)...)
 	minions := h.serverConfig(h.authenticateCluster)
 	minions.Ready = nil // minions' pushes are what end the warm-up
 	mcp.NewSinkServer(h.newMinionSink, minions).Register(ingest)
@@ -265,7 +266,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	relays := &ingestSource{h: h, relay: mcp.NewSourceServer(h.source, rc)}
 	mcppb.RegisterResourceSourceServer(ingest, relays)
 	healthpb.RegisterHealthServer(ingest, h.health)
-	serve, err := h.serveServer(serverOpts(h.creds), h.serverConfig(h.authenticateSink))
+	serve, err := h.serveServer(serverOpts(mcp.SourceServerOptions(), h.creds), h.serverConfig(h.authenticateSink))
 	if err != nil {
 		return err
 	}
@@ -275,7 +276,7 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 			"addr", h.cfg.ServeUnauthenticated)
 		sc := h.serverConfig(h.authenticateUnauthenticatedSink)
 		sc.Unauthenticated = true
-		open, err := h.serveServer(serverOpts(h.serverOnlyCreds), sc)
+		open, err := h.serveServer(serverOpts(mcp.SourceServerOptions(), h.serverOnlyCreds), sc)
 		if err != nil {
 			return err
 		}

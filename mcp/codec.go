@@ -52,6 +52,21 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
 }
 
+// SourceWindow is the receive window, per stream and per connection, of a server that serves
+// sinks. A sink sends that server requests and ACKs only (bytes, not megabytes), so a fixed
+// window loses nothing; it also turns off gRPC's bandwidth-delay estimator, which pinged the
+// sink and sent a window update after each ACK it received: a write by the server and a read
+// and write by the sink per sink and push, a third of the server's syscalls on the push path.
+// The other direction, the pushes, is the sink's window, which the sink's gRPC grows.
+const SourceWindow = 64 << 10
+
+// SourceServerOptions are ServerOptions for a server whose clients are sinks (it registers a
+// SourceServer or XDSServer): the fixed receive window above. A server that takes pushes (a
+// SinkServer) keeps gRPC's growing window, which a large push over a long path needs.
+func SourceServerOptions() []grpc.ServerOption {
+	return append(ServerOptions(), grpc.StaticStreamWindowSize(SourceWindow), grpc.StaticConnWindowSize(SourceWindow))
+}
+
 func callOptions() []grpc.CallOption {
 	return []grpc.CallOption{grpc.ForceCodecV2(newCodec())}
 }

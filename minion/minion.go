@@ -379,7 +379,7 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		m.mu.Lock()
 		m.listenAddr = lis.Addr().String()
 		m.mu.Unlock()
-		srv := grpc.NewServer(append(mcp.ServerOptions(), grpc.Creds(m.serverCreds))...)
+		srv := grpc.NewServer(append(mcp.SourceServerOptions(), grpc.Creds(m.serverCreds))...)
 		mcp.NewSourceServer(m.src, mcp.ServerConfig{Logger: m.log, Metrics: m.mcpMetrics}).Register(srv)
 		if !m.tlsOn {
 			m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())

@@ -456,7 +456,7 @@ func (r *Relay) serve(ctx context.Context) error {
 	}
 	addr := lis.Addr().String()
 	r.addr.Store(&addr)
-	opts := mcp.ServerOptions()
+	opts := mcp.SourceServerOptions()
 	if r.creds != nil {
 		opts = append(opts, grpc.Creds(r.creds))
 	} else {
