@@ -104,3 +104,29 @@ func BenchmarkCommitLatency(b *testing.B) {
 		flush(b, s)
 	}
 }
+
+// BenchmarkCommitByStored: one resource changed and committed (Flush), with 1,000 to
+// 1,000,000 resources in the file, loaded first as a minion's first push fills it: every
+// name new, enqueued faster than the writer commits.
+// The hub's CPU per change must not grow with what is stored; this is the state file's
+// share of it.
+func BenchmarkCommitByStored(b *testing.B) {
+	for _, n := range []int{1000, 100000, 1000000} {
+		b.Run(fmt.Sprintf("stored=%d", n), func(b *testing.B) {
+			s := openT(b, statePath(b), slog.New(slog.DiscardHandler), defaultConfig())
+			e := entry(b, "ns/r", "1", 256).Encoded
+			start := time.Now()
+			for j := range n { // as fast as the hub enqueues them: the writer takes what is queued
+				s.Put("east", vs, fmt.Sprintf("ns/r%07d", j), e)
+			}
+			flush(b, s)
+			b.Logf("%d resources loaded in %v", n, time.Since(start))
+			i := 0
+			for b.Loop() {
+				s.Put("east", vs, fmt.Sprintf("ns/r%07d", i%n), e)
+				flush(b, s)
+				i++
+			}
+		})
+	}
+}

@@ -3,7 +3,9 @@ package durable
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -191,7 +193,12 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			if kb != nil {
 				colb = kb.Bucket(collKey)
 			}
-			for name, v := range m {
+			// In key order: bbolt keeps a node's keys in a slice until the commit splits it,
+			// so an insert in random order shifts half of it. A first push of 100,000 new
+			// names took 13 s of the writer's CPU in map order (quadratic; 1,000,000: about
+			// 20 minutes, the file that far behind), and is linear sorted.
+			for _, name := range slices.Sorted(maps.Keys(m)) {
+				v := m[name]
 				if v == nil {
 					if colb != nil {
 						if err := colb.Delete([]byte(name)); err != nil {

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"runtime"
 	"sort"
@@ -16,6 +18,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
@@ -217,7 +220,12 @@ type StoreResult struct {
 // HubStore loads n resources into a hub (through Hub.Apply, in batches) with one sink
 // connected, then measures changes of one resource.
 func HubStore(n, changes, size int, tune func(*hub.Config)) (StoreResult, error) {
-	b, err := startHub(1, tune)
+	b, err := startHub(1, func(c *hub.Config) {
+		c.HTTP = "127.0.0.1:0" // /api/state: the file has caught up before the changes are measured
+		if tune != nil {
+			tune(c)
+		}
+	})
 	if err != nil {
 		return StoreResult{}, err
 	}
@@ -282,6 +290,9 @@ func HubStore(n, changes, size int, tune func(*hub.Config)) (StoreResult, error)
 		}
 	}
 	res.HeapMiB = heapMiB() - heap0
+	if err := b.stateWritten(); err != nil {
+		return res, err
+	}
 
 	warm := changes / 4
 	pre := make([]*mcp.Change, warm+changes) // distinct versions: every change is pushed
@@ -325,6 +336,32 @@ func HubStore(n, changes, size int, tune func(*hub.Config)) (StoreResult, error)
 	runtime.ReadMemStats(&ms1)
 	res.AllocsPerChange = float64(ms1.Mallocs-ms0.Mallocs) / float64(changes)
 	return res, nil
+}
+
+// stateWritten waits until the hub's state file holds everything the hub was given (no
+// write queued), so a measurement that follows does not include the writer catching up.
+func (b *benchHub) stateWritten() error {
+	_, _, addr := b.h.Addrs()
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		resp, err := http.Get("http://" + addr + "/api/state")
+		if err != nil {
+			return err
+		}
+		var st api.State
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			return fmt.Errorf("/api/state: %w", err)
+		}
+		if !st.Persist || st.Queued == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the state file still has %d writes queued after 5 minutes", st.Queued)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func cpuTime() time.Duration {
