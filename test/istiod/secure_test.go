@@ -98,10 +98,9 @@ func startHubProcess(t testing.TB, cfg *hub.Config, dir string) *hubProcess {
 	h.proc = testproc.Start(t, testproc.Options{Path: testbin.Own(t, "hub"), Args: []string{"-config", path}, Name: "meshfed-hub",
 		Log: testlog.Writer(t, "hub: "),
 		OnLine: func(line string) {
-			var ev struct{ Msg, Listener, Addr string }
-			if json.Unmarshal([]byte(line), &ev) == nil && ev.Msg == "listening" {
+			if listener, addr, ok := testproc.Listening([]byte(line)); ok {
 				h.mu.Lock()
-				h.addrs[ev.Listener] = ev.Addr
+				h.addrs[listener] = addr
 				h.mu.Unlock()
 			}
 		}})

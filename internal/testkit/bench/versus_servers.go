@@ -14,6 +14,7 @@ import (
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testproc"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -126,10 +127,9 @@ func startMeshfed(t procTB) *meshfedServer {
 	addrs := make(chan [2]string, 8)
 	s := &meshfedServer{t: t, cache: mcp.NewCache(hubCollection)}
 	s.j = startJSON(t, testbin.Own(t, "hub"), []string{"--config", path}, nil, func(line string) {
-		var l struct{ Msg, Listener, Addr string }
-		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "listening" {
+		if listener, addr, ok := testproc.Listening([]byte(line)); ok {
 			select {
-			case addrs <- [2]string{l.Listener, l.Addr}:
+			case addrs <- [2]string{listener, addr}:
 			default:
 			}
 		}

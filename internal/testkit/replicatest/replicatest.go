@@ -300,22 +300,18 @@ func (w *World) startHub(name string, prev *Hub, fresh, single bool, seeds []str
 		for sc.Scan() {
 			line := sc.Bytes()
 			_, _ = logf.Write(append(line, '\n'))
-			var ev struct{ Msg, Listener, Addr, Gossip string }
-			if json.Unmarshal(line, &ev) == nil {
-				var a [2]string
-				switch ev.Msg {
-				case "listening":
-					a = [2]string{ev.Listener, ev.Addr}
-				case "replica started":
-					a = [2]string{"gossip", ev.Gossip}
-				}
-				if a[0] == "" {
-					continue
-				}
-				select {
-				case addrs <- a:
-				default: // nobody reads after the start: never block the hub's stderr
-				}
+			var a [2]string
+			var ev struct{ Msg, Gossip string }
+			if listener, addr, ok := testproc.Listening(line); ok {
+				a = [2]string{listener, addr}
+			} else if json.Unmarshal(line, &ev) == nil && ev.Msg == "replica started" {
+				a = [2]string{"gossip", ev.Gossip}
+			} else {
+				continue
+			}
+			select {
+			case addrs <- a:
+			default: // nobody reads after the start: never block the hub's stderr
 			}
 		}
 		_ = h.cmd.Wait()

@@ -1,6 +1,7 @@
 package testproc
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -38,4 +39,15 @@ func RSSKiB(pid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// Listening reads one line of a hub process's JSON log: the listener's name and bound
+// address when it is the line the hub logs once a listener is bound ("listening"), ok false
+// for any other line. Tests learn the addresses of a hub started on 127.0.0.1:0 this way.
+func Listening(line []byte) (listener, addr string, ok bool) {
+	var ev struct{ Msg, Listener, Addr string }
+	if json.Unmarshal(line, &ev) != nil || ev.Msg != "listening" || ev.Listener == "" {
+		return "", "", false
+	}
+	return ev.Listener, ev.Addr, true
 }

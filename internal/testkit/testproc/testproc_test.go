@@ -163,3 +163,21 @@ func TestCPUAndRSS(t *testing.T) {
 		t.Errorf("RSSKiB = %v, %v", r, err)
 	}
 }
+
+func TestListening(t *testing.T) {
+	for _, tc := range []struct {
+		line           string
+		listener, addr string
+		ok             bool
+	}{
+		{`{"time":"x","level":"INFO","msg":"listening","listener":"serve","addr":"127.0.0.1:4242"}`, "serve", "127.0.0.1:4242", true},
+		{`{"msg":"listening"}`, "", "", false},
+		{`{"msg":"stream opened","listener":"serve","addr":"127.0.0.1:1"}`, "", "", false},
+		{`msg=listening listener=serve addr=127.0.0.1:1`, "", "", false},
+	} {
+		l, a, ok := Listening([]byte(tc.line))
+		if l != tc.listener || a != tc.addr || ok != tc.ok {
+			t.Errorf("Listening(%s) = %q, %q, %v; want %q, %q, %v", tc.line, l, a, ok, tc.listener, tc.addr, tc.ok)
+		}
+	}
+}
