@@ -6,14 +6,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/admin"
 	"github.com/meshfed/meshfed/hub/api"
-	"github.com/meshfed/meshfed/internal/testkit/testlog"
-	"github.com/meshfed/meshfed/internal/testkit/testrun"
-	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 // hub get and hub why against a running hub: a collection typed as users do lists what is
@@ -22,9 +17,9 @@ import (
 // is an error (NotFound with kubectl's words for the former); a malformed name is refused
 // before the hub is asked.
 func TestGetAndWhyAgainstAHub(t *testing.T) {
-	cfg, err := hub.ParseConfig([]byte(`
+	h := runHub(t, `
 insecure: true
-stateDir: ` + t.TempDir() + `
+stateDir: `+t.TempDir()+`
 ingest: 127.0.0.1:0
 serve: 127.0.0.1:0
 http: 127.0.0.1:0
@@ -36,16 +31,7 @@ clusters:
 sharedNamespaces: [shop]
 conflicts: {priority: [west]}
 routing: {default: {name: all}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := hub.New(cfg, testlog.New(t), hub.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testrun.Start(t, "hub", h.Run)
-	testwait.For(t, 10*time.Second, "the hub's listeners", func() bool { _, _, a := h.Addrs(); return a != "" })
+`)
 	_, _, addr := h.Addrs()
 	if err := h.Apply("west", vsState(t, "shop/cart")); err != nil {
 		t.Fatal(err)
