@@ -60,11 +60,20 @@ func ServerOptions() []grpc.ServerOption {
 // The other direction, the pushes, is the sink's window, which the sink's gRPC grows.
 const SourceWindow = 64 << 10
 
-// SourceServerOptions are ServerOptions for a server whose clients are sinks (it registers a
-// SourceServer or XDSServer): the fixed receive window above. A server that takes pushes (a
-// SinkServer) keeps gRPC's growing window, which a large push over a long path needs.
+// SourceServerOptions are ServerOptions for a server whose clients are all sinks (it
+// registers a SourceServer or XDSServer): plus SourceWindowOptions. A server that takes
+// pushes (a SinkServer), or that mixes them with sinks (the hub's ingest listener, which
+// also serves relays and peers), keeps gRPC's growing window, which a large push over a
+// long path needs.
 func SourceServerOptions() []grpc.ServerOption {
-	return append(ServerOptions(), grpc.StaticStreamWindowSize(SourceWindow), grpc.StaticConnWindowSize(SourceWindow))
+	return append(ServerOptions(), SourceWindowOptions()...)
+}
+
+// SourceWindowOptions fix a server's receive window at SourceWindow. The benchmarks' bare
+// gRPC baselines take them too, so that a baseline differs from a server of sinks in the
+// server's own work only.
+func SourceWindowOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.StaticStreamWindowSize(SourceWindow), grpc.StaticConnWindowSize(SourceWindow)}
 }
 
 func callOptions() []grpc.CallOption {

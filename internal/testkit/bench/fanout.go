@@ -173,7 +173,7 @@ func EngineFanout(cfg FanoutConfig) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	srv := grpc.NewServer(mcp.ServerOptions()...)
+	srv := grpc.NewServer(mcp.SourceServerOptions()...)
 	mcp.NewSourceServer(src, mcp.ServerConfig{Logger: quietLogger(), StreamRate: 1e9, StreamBurst: 1 << 30}).Register(srv)
 	go srv.Serve(lis)
 	defer srv.Stop()
@@ -240,7 +240,7 @@ func BaselineFanout(cfg FanoutConfig) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(load.RawCodec{}))
+	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(load.RawCodec{}))...)
 	mcppb.RegisterResourceSourceServer(srv, &baselineServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
 		sent := -1
 		nonce := 0

@@ -429,7 +429,7 @@ func IdleSinks(n int) (IdleResult, error) {
 	if err != nil {
 		return res, err
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(load.RawCodec{}))
+	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(load.RawCodec{}))...)
 	var first []*mcpapi.Resource
 	for i := range 10 {
 		first = append(first, Resource(i, 0, 128))

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
@@ -52,7 +53,7 @@ func RunBare(addr string, in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(RawCodec{}), grpc.MaxRecvMsgSize(64<<20))
+	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(RawCodec{}), grpc.MaxRecvMsgSize(64<<20))...)
 	mcppb.RegisterResourceSourceServer(srv, b)
 	go srv.Serve(lis)
 	defer srv.Stop()

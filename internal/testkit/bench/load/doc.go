@@ -5,9 +5,11 @@
 // pre-encoded Resources messages, the baseline. cmd/mcpload runs either as a process,
 // driven by JSON lines on stdin and answering on stdout (protocol.go).
 //
-// It is neutral: it speaks MCP through the generated gRPC service description and
+// It is neutral: its sinks speak MCP through the generated gRPC service description and
 // protowire only, never meshfed's engine, so the same process drives meshfed's hub, Istio's
-// own source and the bare server. Arrival times and the change's start are both taken in
+// own source and the bare server. The bare server takes the transport settings of
+// meshfed's servers of sinks (mcp.SourceWindowOptions) and nothing else of meshfed, so that
+// the meshfed / bare ratio is the hub's own work. Arrival times and the change's start are both taken in
 // this process (the controller says "start" on stdin right before it makes the change), so
 // no clock is shared between processes.
 //
