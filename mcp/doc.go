@@ -11,7 +11,9 @@
 // (Cache is an in-memory one); it never copies resources per stream. A resource is marshaled
 // once into an Entry; each Snapshot or Delta is encoded once into a push body shared by every
 // stream, and the per-stream nonce is appended by this package's gRPC codec without copying.
-// Every gRPC server carrying these services must therefore be built with ServerOptions.
+// Every gRPC server carrying these services must therefore be built with ServerOptions, or
+// SourceServerOptions (ServerOptions and a fixed receive window) when its clients are all
+// sinks.
 //
 // Protocol rules implemented here (see ARCHITECTURE.md for the reasoning): a nonce per push;
 // at most one outstanding push per collection per stream; changes during a push coalesce

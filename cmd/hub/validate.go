@@ -21,7 +21,8 @@ func validateCommand() *cobra.Command {
 		Long: "Check a hub configuration file without a hub: whether the hub would take it (its error,\n" +
 			"with the line of the field it names), and what it would take but is likely a mistake\n" +
 			"(hosts two clusters claim, routing rules that select nothing, identities that are not the\n" +
-			"trust domain's SPIFFE IDs). Exit status 0: valid (warnings are printed); 1: invalid.",
+			"trust domain's SPIFFE IDs, no http: no admin API). Exit status 0: valid (warnings are\n" +
+			"printed); 1: invalid.",
 		Example: "  hub validate hub.yaml\n  hub validate hub.yaml -o json",
 		Args:    cli.Args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {

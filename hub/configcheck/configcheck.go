@@ -2,7 +2,7 @@
 // the hub would take it (hub.ParseConfig decides, so the answer is the hub's own), with the
 // line of the field an error names, and warnings about what the hub accepts but is likely
 // a mistake: hosts several clusters claim, routing rules that select nothing, identities
-// that are not SPIFFE IDs of the trust domain.
+// that are not SPIFFE IDs of the trust domain, a file without http (no admin API).
 //
 // It links the hub's configuration parser, so it is not part of the operator's admin-API
 // commands (hub/admin, which link only the API's contract).

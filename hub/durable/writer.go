@@ -194,10 +194,8 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 				colb = kb.Bucket(collKey)
 			}
 			// In key order: bbolt keeps a node's keys in a slice until the commit splits it,
-			// so each insert in map order shifts half of it. A first push of 100,000 new
-			// names costs the writer 13 s of CPU in map order and 1 s in key order
-			// (BenchmarkCommitByStored); map order is quadratic, and the file falls that far
-			// behind.
+			// so each insert in map order shifts half of it: quadratic in a large first push
+			// (see the package doc's Writing).
 			for _, name := range slices.Sorted(maps.Keys(m)) {
 				v := m[name]
 				if v == nil {

@@ -3,7 +3,8 @@
 // test's log), given to an optional callback (to read what the process says, e.g. the
 // addresses it bound) and kept for failure messages (Tail). The process is killed with
 // SIGKILL, and awaited, by Kill or by the test's cleanup, whichever comes first; it is
-// also SIGKILLed if the test binary dies (Pdeathsig).
+// also SIGKILLed if the test binary dies (Pdeathsig). CPU and RSSKiB read a process's
+// figures from /proc (the benchmarks'); Listening reads a hub's "listening" log line.
 //
 // It is test infrastructure: nothing in the product imports it.
 package testproc
