@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/meshfed/meshfed/internal/testkit/bench"
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 )
@@ -45,8 +47,9 @@ func idle(r bench.VersusResult) (float64, string) {
 }
 
 func versusRows(f versusFlags) []versusRow {
+	each := proto.Size(bench.Resource(0, 0, f.size)) // a resource as Istio and bare send it
 	kb := func(n int) string {
-		return fmt.Sprintf("%s resources (%.0f KB)", thousands(n), float64(n*(f.size+88))/1000)
+		return fmt.Sprintf("%s resources (%.0f KB)", thousands(n), float64(n*each)/1000)
 	}
 	inc := bench.VersusConfig{Resources: 1000, Size: f.size, Sinks: f.sinks, Changes: f.changes, Incremental: true, Gap: f.gap, IstioLogLevel: f.istioLog}
 	full := func(n, changes int) bench.VersusConfig {
@@ -74,6 +77,15 @@ func versusTable(f versusFlags) {
 	want := map[string]bool{}
 	for _, r := range strings.Split(f.rows, ",") {
 		want[strings.TrimSpace(r)] = true
+	}
+	var known []string
+	for _, row := range versusRows(f) {
+		known = append(known, row.key)
+	}
+	for r := range want {
+		if !slices.Contains(known, r) {
+			fail("versus-rows", fmt.Errorf("no row %q (%s)", r, strings.Join(known, ", ")))
+		}
 	}
 	nofile, err := load.RaiseNoFile()
 	if err != nil {
@@ -112,26 +124,27 @@ func versusTable(f versusFlags) {
 	}
 }
 
-// ratioHeads and ratios: Istio / meshfed (above 1: meshfed is faster or smaller) and
-// meshfed / bare (its cost over bare gRPC sending the same resources).
+// ratioPairs are the ratio columns, each printed when both its servers run: Istio / meshfed
+// (above 1: meshfed is faster or smaller) and meshfed / bare (its cost over bare gRPC
+// sending the same resources).
+var ratioPairs = [][2]string{{"istio", "meshfed"}, {"meshfed", "bare"}}
+
 func ratioHeads(servers []string) []string {
 	var h []string
-	if slices.Contains(servers, "istio") && slices.Contains(servers, "meshfed") {
-		h = append(h, "istio / meshfed")
-	}
-	if slices.Contains(servers, "meshfed") && slices.Contains(servers, "bare") {
-		h = append(h, "meshfed / bare")
+	for _, p := range ratioPairs {
+		if slices.Contains(servers, p[0]) && slices.Contains(servers, p[1]) {
+			h = append(h, p[0]+" / "+p[1])
+		}
 	}
 	return h
 }
 
 func ratios(servers []string, v map[string]float64) []string {
 	var c []string
-	if slices.Contains(servers, "istio") && slices.Contains(servers, "meshfed") {
-		c = append(c, fmt.Sprintf("%.2f", v["istio"]/v["meshfed"]))
-	}
-	if slices.Contains(servers, "meshfed") && slices.Contains(servers, "bare") {
-		c = append(c, fmt.Sprintf("%.2f", v["meshfed"]/v["bare"]))
+	for _, p := range ratioPairs {
+		if slices.Contains(servers, p[0]) && slices.Contains(servers, p[1]) {
+			c = append(c, fmt.Sprintf("%.2f", v[p[0]]/v[p[1]]))
+		}
 	}
 	return c
 }

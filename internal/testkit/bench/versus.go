@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"slices"
 	"strconv"
 	"time"
 
@@ -47,24 +46,18 @@ type VersusResult struct {
 }
 
 // Last is the median over the changes of the time until the last sink had the change.
-func (r VersusResult) Last() time.Duration {
-	return median(r.Changes, func(e load.Event) time.Duration { return e.Last })
-}
+func (r VersusResult) Last() time.Duration { return over(r.Changes, lastSink).P50 }
 
 // LastP99 is the 99th percentile over the changes of that time (with few changes, their
 // slowest).
-func (r VersusResult) LastP99() time.Duration {
-	d := durations(r.Changes, func(e load.Event) time.Duration { return e.Last })
-	if len(d) == 0 {
-		return 0
-	}
-	return d[len(d)*99/100]
-}
+func (r VersusResult) LastP99() time.Duration { return over(r.Changes, lastSink).P99 }
 
 // SinkP50 is the median over the changes of the median sink's time.
 func (r VersusResult) SinkP50() time.Duration {
-	return median(r.Changes, func(e load.Event) time.Duration { return e.P50 })
+	return over(r.Changes, func(e load.Event) time.Duration { return e.P50 }).P50
 }
+
+func lastSink(e load.Event) time.Duration { return e.Last }
 
 // Bytes is the mean size of the message that brought a change to a sink.
 func (r VersusResult) Bytes() int {
@@ -80,21 +73,13 @@ func (r VersusResult) RSSPerSinkKiB() float64 {
 	return float64(r.RSSAfterKiB-r.RSSBeforeKiB) / float64(max(r.Connect.Sinks, 1))
 }
 
-func durations(es []load.Event, f func(load.Event) time.Duration) []time.Duration {
+// over is the distribution of f over the changes es.
+func over(es []load.Event, f func(load.Event) time.Duration) Latencies {
 	d := make([]time.Duration, len(es))
 	for i, e := range es {
 		d[i] = f(e)
 	}
-	slices.Sort(d)
-	return d
-}
-
-func median(es []load.Event, f func(load.Event) time.Duration) time.Duration {
-	d := durations(es, f)
-	if len(d) == 0 {
-		return 0
-	}
-	return d[len(d)/2]
+	return distribution(d)
 }
 
 // Versus runs cfg against each of servers (names of VersusServers) in turn, each as a

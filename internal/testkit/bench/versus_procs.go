@@ -55,7 +55,7 @@ func (j *jproc) send(v any) {
 // write writes line (with its newline) to the process's input.
 func (j *jproc) write(line []byte) {
 	if _, err := j.p.Stdin().Write(line); err != nil {
-		j.t.Fatalf("write to %s", j.p.Tail(20))
+		j.t.Fatalf("write to the process: %v\n%s", err, j.p.Tail(20))
 	}
 }
 

@@ -34,11 +34,10 @@ type Event struct {
 	Addr  string `json:"addr,omitempty"`
 	// Sinks is how many sinks had the change (or the full initial state).
 	Sinks int `json:"sinks,omitempty"`
-	// Last, P50 and P99 are over the sinks, from the start (connect or "start") to the
-	// message that brought it, received whole.
+	// Last and P50 are over the sinks, from the start (connect or "start") to the message
+	// that brought it, received whole.
 	Last time.Duration `json:"last,omitempty"`
 	P50  time.Duration `json:"p50,omitempty"`
-	P99  time.Duration `json:"p99,omitempty"`
 	// Bytes is the mean size of that message.
 	Bytes   int    `json:"bytes,omitempty"`
 	NoFile  uint64 `json:"nofile,omitempty"`

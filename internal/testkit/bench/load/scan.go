@@ -9,7 +9,6 @@ import (
 
 // Watch is the change the controller armed: resource Name at Version.
 type Watch struct {
-	ID            int
 	Name, Version string
 }
 

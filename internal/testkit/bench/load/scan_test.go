@@ -31,9 +31,9 @@ func TestFrameScan(t *testing.T) {
 		want bool
 	}{
 		{nil, false},
-		{&Watch{ID: 1, Name: "ns/b", Version: "c000/2"}, true},
-		{&Watch{ID: 2, Name: "ns/b", Version: "2"}, false},
-		{&Watch{ID: 3, Name: "ns/c", Version: "c000/2"}, false},
+		{&Watch{Name: "ns/b", Version: "c000/2"}, true},
+		{&Watch{Name: "ns/b", Version: "2"}, false},
+		{&Watch{Name: "ns/c", Version: "c000/2"}, false},
 	} {
 		w.Store(c.w)
 		f := Frame{watch: &w}

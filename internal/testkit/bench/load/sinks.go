@@ -79,7 +79,7 @@ func RunSinks(opts Options, in io.Reader, out io.Writer) error {
 				go func() { defer wg.Done(); l.sink(ctx, i) }()
 			}
 		case "arm":
-			w := &Watch{ID: c.ID, Name: c.Name, Version: c.Version}
+			w := &Watch{Name: c.Name, Version: c.Version}
 			l.watch.Store(w)
 			l.mu.Lock()
 			l.round = &round{id: c.ID, w: w, at: make([]time.Duration, opts.Sinks), left: opts.Sinks}
@@ -90,6 +90,7 @@ func RunSinks(opts Options, in io.Reader, out io.Writer) error {
 			l.mu.Lock()
 			if r := l.round; r != nil && r.id == c.ID {
 				r.t0 = t0
+				l.finish(r) // every sink had it already: event reports that as an error
 			}
 			l.mu.Unlock()
 			// The controller makes the change once it reads this: every arrival is after t0.
@@ -182,12 +183,19 @@ func (l *sinks) finish(r *round) {
 
 func (r *round) event() Event {
 	at := make([]time.Duration, len(r.at))
+	early := 0
 	for i, a := range r.at {
-		at[i] = max(a-r.t0, 0)
+		if a < r.t0 {
+			early++ // the change was made before "started": the controller's mistake
+		}
+		at[i] = a - r.t0
+	}
+	if early > 0 {
+		return Event{Event: "error", ID: r.id, Message: fmt.Sprintf("%d of %d sinks had change %d before its start", early, len(at), r.id)}
 	}
 	slices.Sort(at)
 	n := len(at)
-	ev := Event{Event: "change", ID: r.id, Sinks: n, Last: at[n-1], P50: at[n/2], P99: at[n*99/100], Bytes: r.bytes / n}
+	ev := Event{Event: "change", ID: r.id, Sinks: n, Last: at[n-1], P50: at[n/2], Bytes: r.bytes / n}
 	if r.w == nil {
 		ev.Event = "connected"
 	}

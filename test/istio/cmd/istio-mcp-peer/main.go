@@ -75,7 +75,7 @@ type resourceJSON struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
 	Value   string `json:"value"`
-	// Body, when set (set commands only), is the resource's body as it is, a
+	// Body, when set (set and put commands only), is the resource's body as it is, a
 	// google.protobuf.Any of any type: a test sends real Istio specs through.
 	Body *anyJSON `json:"body,omitempty"`
 }
