@@ -290,7 +290,8 @@ func HubStore(n, changes, size int, tune func(*hub.Config)) (StoreResult, error)
 		}
 	}
 	res.HeapMiB = heapMiB() - heap0
-	if err := b.stateWritten(); err != nil {
+	_, _, httpAddr := b.h.Addrs()
+	if err := stateWritten(httpAddr); err != nil {
 		return res, err
 	}
 
@@ -338,10 +339,10 @@ func HubStore(n, changes, size int, tune func(*hub.Config)) (StoreResult, error)
 	return res, nil
 }
 
-// stateWritten waits until the hub's state file holds everything the hub was given (no
-// write queued), so a measurement that follows does not include the writer catching up.
-func (b *benchHub) stateWritten() error {
-	_, _, addr := b.h.Addrs()
+// stateWritten waits until the state file of the hub whose http listener is addr holds
+// everything the hub was given (no write queued), so a measurement that follows does not
+// include the writer catching up.
+func stateWritten(addr string) error {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		resp, err := http.Get("http://" + addr + "/api/state")

@@ -221,8 +221,8 @@ func (s *meshfedServer) publish() {
 	s.cache.Put(hubCollection, s.next)
 }
 
-// settle waits, for state 0, until the hub is ready (the cluster has synced); a change
-// needs nothing (the sinks had it).
+// settle waits, for state 0, until the hub is ready (the cluster has synced) and its state
+// file has it; a change needs nothing (the sinks had it).
 func (s *meshfedServer) settle() {
 	if s.next != nil {
 		return
@@ -232,6 +232,9 @@ func (s *meshfedServer) settle() {
 		if resp, err := c.Get("http://" + s.http + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				if err := stateWritten(s.http); err != nil {
+					s.t.Fatal(err)
+				}
 				return
 			}
 		}
