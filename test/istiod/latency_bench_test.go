@@ -56,7 +56,7 @@ func BenchmarkChangeToIstiod(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pull(b, w.hub.addr(b, "serve"), credentials.NewTLS(src.ClientConfig("")), sink)
+	pull(b, w.hub.Addr(b, "serve", 30*time.Second), credentials.NewTLS(src.ClientConfig("")), sink)
 
 	rv := func(i *istiodtest.Istiod) string {
 		c, err := i.FetchConfigz()

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,12 +19,12 @@ import (
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
+	"github.com/meshfed/meshfed/internal/testkit/hubproc"
 	"github.com/meshfed/meshfed/internal/testkit/istiodtest"
 	"github.com/meshfed/meshfed/internal/testkit/kubetest"
 	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
-	"github.com/meshfed/meshfed/internal/testkit/testproc"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/minion"
@@ -72,55 +71,13 @@ func freeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// hubProcess is the hub run as a process (meshfed-hub), so a test can kill it with SIGKILL.
-type hubProcess struct {
-	proc  *testproc.Proc
-	mu    sync.Mutex
-	addrs map[string]string // listener -> bound address, from its "listening" log lines
-}
-
-func startHubProcess(t testing.TB, cfg *hub.Config, dir string) *hubProcess {
+// startHubProcess runs the hub as a process (meshfed-hub), so a test can kill it with
+// SIGKILL, on a state directory in dir that stays the same across restarts.
+func startHubProcess(t testing.TB, cfg *hub.Config, dir string) *hubproc.Hub {
 	t.Helper()
 	cfg.HTTP = "127.0.0.1:0"
-	cfg.StateDir = filepath.Join(dir, "hub-state") // the same across restarts of the process
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "hub.yaml")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	h := &hubProcess{addrs: map[string]string{}}
-	h.proc = testproc.Start(t, testproc.Options{Path: testbin.Own(t, "hub"), Args: []string{"-config", path}, Name: "meshfed-hub",
-		Log: testlog.Writer(t, "hub: "),
-		OnLine: func(line string) {
-			if listener, addr, ok := testproc.Listening([]byte(line)); ok {
-				h.mu.Lock()
-				h.addrs[listener] = addr
-				h.mu.Unlock()
-			}
-		}})
-	return h
-}
-
-// addr waits for the listener's bound address.
-func (h *hubProcess) addr(t testing.TB, listener string) string {
-	t.Helper()
-	var a string
-	testwait.For(t, 30*time.Second, "the hub's "+listener+" listener", func() bool {
-		if h.proc.Exited() {
-			t.Fatalf("the hub exited:\n%s", h.proc.Tail(40))
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		a = h.addrs[listener]
-		return a != ""
-	})
-	return a
+	cfg.StateDir = filepath.Join(dir, "hub-state")
+	return hubproc.Start(t, cfg, dir, testlog.Writer(t, "hub: "))
 }
 
 // getJSON decodes a GET of url into v.
@@ -133,22 +90,6 @@ func getJSON(url string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
-// ready reports whether the hub's /readyz answers 200.
-func (h *hubProcess) ready() bool {
-	h.mu.Lock()
-	addr := h.addrs["http"]
-	h.mu.Unlock()
-	if addr == "" {
-		return false
-	}
-	resp, err := http.Get("http://" + addr + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
 var vsGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
 
 // secureWorld is a hub (a process) with mutual TLS to two minions, no insecure anywhere:
@@ -157,7 +98,7 @@ var vsGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "
 // hub's serveUnauthenticated listener, over TLS mode SIMPLE.
 type secureWorld struct {
 	env        *kubetest.Env
-	hub        *hubProcess
+	hub        *hubproc.Hub
 	bundle     string
 	files      func(prefix string, names ...string) meshtls.Files
 	east       string // east's directory
@@ -195,7 +136,7 @@ func startSecureWorld(t testing.TB, rules []routing.Rule) *secureWorld {
 	cfg.Routing = routing.Config{Rules: rules}
 	cfg.WarmUp = hub.Duration{Duration: time.Hour}
 	w.hub = startHubProcess(t, cfg, dir)
-	ingest := w.hub.addr(t, "ingest")
+	ingest := w.hub.Addr(t, "ingest", 30*time.Second)
 
 	w.east = t.TempDir()
 	vsFile(t, w.east, "cart", "shop", "cart.shop.example.com")
@@ -228,7 +169,7 @@ func startSecureWorld(t testing.TB, rules []routing.Rule) *secureWorld {
 	}
 	w.eastMinion, _, w.stopEast = w.startMin(w.minionCfg("east", "fs://"+w.east, true))
 	w.startMin(w.minionCfg("west", "k8s://"+w.env.Kubeconfig(minionSA), false))
-	testwait.For(t, 20*time.Second, "hub ready", w.hub.ready)
+	testwait.For(t, 20*time.Second, "hub ready", w.hub.Ready)
 	testwait.For(t, 20*time.Second, "east's relay whole", w.eastMinion.Relay().Ready)
 	return w
 }
@@ -238,7 +179,7 @@ func (w *secureWorld) istiods(t testing.TB) (relayed, direct *istiodtest.Istiod)
 	t.Helper()
 	simple := &istiodtest.TLSSettings{CACertFile: w.bundle}
 	relayed = istiodtest.Start(t, istiodtest.Options{Kubeconfig: w.env.Kubeconfig(w.env.Admin), ConfigSource: "xds://" + w.relayAddr, TLS: simple})
-	direct = istiodtest.Start(t, istiodtest.Options{Kubeconfig: w.env.Kubeconfig(w.env.Admin), ConfigSource: "xds://" + w.hub.addr(t, "serveUnauthenticated"), TLS: simple})
+	direct = istiodtest.Start(t, istiodtest.Options{Kubeconfig: w.env.Kubeconfig(w.env.Admin), ConfigSource: "xds://" + w.hub.Addr(t, "serveUnauthenticated", 30*time.Second), TLS: simple})
 	relayed.WaitReady(t, 3*time.Minute)
 	direct.WaitReady(t, 3*time.Minute)
 	return relayed, direct
@@ -277,7 +218,7 @@ func TestIstiodSecurePaths(t *testing.T) {
 	// The hub lists the relayed istiod under east's relay, with its ACKs.
 	testwait.For(t, 20*time.Second, "the hub listing the istiod behind east's relay", func() bool {
 		var sinks []api.SinkStatus
-		if err := getJSON("http://"+w.hub.addr(t, "http")+"/api/sinks", &sinks); err != nil {
+		if err := getJSON("http://"+w.hub.Addr(t, "http", 30*time.Second)+"/api/sinks", &sinks); err != nil {
 			return false
 		}
 		for _, s := range sinks {
@@ -312,7 +253,7 @@ func TestIstiodSecurePaths(t *testing.T) {
 	before := waitKeys(relayed, "the relayed istiod settled", "shop/basket").Objects()
 	beforeDirect := waitKeys(direct, "the direct istiod settled", "pay/api").Objects()
 	directClosed := direct.SourceStreamsClosed()
-	w.hub.proc.Kill()
+	w.hub.Kill()
 	sameStore := func(what string, i *istiodtest.Istiod, before map[string]map[string]string) {
 		t.Helper()
 		if got := i.Objects(t); !maps.EqualFunc(got, before, func(a, b map[string]string) bool { return maps.Equal(a, b) }) {

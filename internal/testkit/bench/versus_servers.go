@@ -2,7 +2,6 @@ package bench
 
 import (
 	"encoding/json"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,8 +12,8 @@ import (
 
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
+	"github.com/meshfed/meshfed/internal/testkit/hubproc"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
-	"github.com/meshfed/meshfed/internal/testkit/testproc"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -104,7 +103,7 @@ func (s *istioServer) stage(k int, changed *mcpapi.Resource, all []*mcpapi.Resou
 // listener. Its figures include that hop.
 type meshfedServer struct {
 	t                   procTB
-	j                   *jproc
+	hub                 *hubproc.Hub
 	serve, ingest, http string
 	cache               *mcp.Cache
 	cl                  *cluster
@@ -120,79 +119,20 @@ func startMeshfed(t procTB) *meshfedServer {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	cfg := hubConfig(1, func(c *hub.Config) { c.HTTP = "127.0.0.1:0" })
 	cfg.StateDir = filepath.Join(dir, "state")
-	path := filepath.Join(dir, "hub.yaml")
-	if err := os.WriteFile(path, hubFile(t, cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	addrs := make(chan [2]string, 8)
-	s := &meshfedServer{t: t, cache: mcp.NewCache(hubCollection)}
-	s.j = startJSON(t, testbin.Own(t, "hub"), []string{"--config", path}, nil, func(line string) {
-		if listener, addr, ok := testproc.Listening([]byte(line)); ok {
-			select {
-			case addrs <- [2]string{listener, addr}:
-			default:
-			}
-		}
-	})
-	deadline := time.After(30 * time.Second)
-	for s.serve == "" || s.ingest == "" || s.http == "" {
-		select {
-		case a := <-addrs:
-			switch a[0] {
-			case "serve":
-				s.serve = a[1]
-			case "ingest":
-				s.ingest = a[1]
-			case "http":
-				s.http = a[1]
-			}
-		case <-s.j.p.Done():
-			t.Fatalf("hub exited: %s", s.j.p.Tail(20))
-		case <-deadline:
-			t.Fatalf("hub did not report its addresses: %s", s.j.p.Tail(20))
-		}
-	}
+	s := &meshfedServer{t: t, cache: mcp.NewCache(hubCollection), hub: hubproc.Start(t, cfg, dir, nil)}
+	s.serve, s.ingest, s.http = s.hub.Addr(t, "serve", 30*time.Second), s.hub.Addr(t, "ingest", 30*time.Second), s.hub.Addr(t, "http", 30*time.Second)
 	return s
 }
 
-// hubFile is cfg as a file for a hub process. A file is read over hub.Defaults(), so the
-// caps the bench turns off (0: none) are written out, or the defaults would come back (64
-// streams per peer: every sink here is 127.0.0.1 without an identity; 20 pushes/s); the
-// file is read back to check that the limits and quotas are the in-process hub's.
-func hubFile(t procTB, cfg *hub.Config) []byte {
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	m["limits"].(map[string]any)["maxStreamsPerPeer"] = cfg.Limits.MaxStreamsPerPeer
-	q := m["quotas"].(map[string]any)
-	q["maxObjects"], q["maxBytes"], q["pushesPerSecond"], q["pushBurst"] = cfg.Quotas.MaxObjects, cfg.Quotas.MaxBytes, cfg.Quotas.PushesPerSecond, cfg.Quotas.PushBurst
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	back, err := hub.ParseConfig(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if back.Limits != cfg.Limits || back.Quotas != cfg.Quotas {
-		t.Fatalf("the hub's file reads back as limits %+v, quotas %+v; want %+v, %+v", back.Limits, back.Quotas, cfg.Limits, cfg.Quotas)
-	}
-	return b
-}
-
 func (s *meshfedServer) addr() string        { return s.serve }
-func (s *meshfedServer) pid() int            { return s.j.p.Pid() }
+func (s *meshfedServer) pid() int            { return s.hub.Pid() }
 func (s *meshfedServer) served(v int) string { return "c000/" + strconv.Itoa(v) }
 
 func (s *meshfedServer) stop() {
 	if s.cl != nil {
 		s.cl.stop()
 	}
-	s.j.stop()
+	s.hub.Kill()
 }
 
 func (s *meshfedServer) stage(k int, changed *mcpapi.Resource, all []*mcpapi.Resource) {
@@ -227,20 +167,13 @@ func (s *meshfedServer) settle() {
 	if s.next != nil {
 		return
 	}
-	c := http.Client{Timeout: time.Second}
-	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-		if resp, err := c.Get("http://" + s.http + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				if err := stateWritten(s.http); err != nil {
-					s.t.Fatal(err)
-				}
-				return
-			}
-		}
+	for start := time.Now(); !s.hub.Ready(); time.Sleep(20 * time.Millisecond) {
 		if time.Since(start) > time.Minute {
-			s.t.Fatalf("hub not ready: %s", s.j.p.Tail(20))
+			s.t.Fatalf("hub not ready: %s", s.hub.Tail(20))
 		}
+	}
+	if err := stateWritten(s.http); err != nil {
+		s.t.Fatal(err)
 	}
 }
 
