@@ -14,6 +14,7 @@ import (
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
 	"github.com/meshfed/meshfed/internal/testkit/hubproc"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
@@ -167,11 +168,7 @@ func (s *meshfedServer) settle() {
 	if s.next != nil {
 		return
 	}
-	for start := time.Now(); !s.hub.Ready(); time.Sleep(20 * time.Millisecond) {
-		if time.Since(start) > time.Minute {
-			s.t.Fatalf("hub not ready: %s", s.hub.Tail(20))
-		}
-	}
+	testwait.For(s.t, time.Minute, "the hub ready", s.hub.Ready)
 	if err := stateWritten(s.http); err != nil {
 		s.t.Fatal(err)
 	}

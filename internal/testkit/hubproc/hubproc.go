@@ -18,6 +18,7 @@ import (
 	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/internal/testkit/testbin"
 	"github.com/meshfed/meshfed/internal/testkit/testproc"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 // TB is what it needs of a test (a benchmark command that is not a test can run a hub too).
@@ -94,19 +95,17 @@ func File(t TB, cfg *hub.Config) []byte {
 // the hub exiting first fails t.
 func (h *Hub) Addr(t TB, listener string, limit time.Duration) string {
 	t.Helper()
-	for deadline := time.Now().Add(limit); ; time.Sleep(10 * time.Millisecond) {
-		h.mu.Lock()
-		a := h.addrs[listener]
-		h.mu.Unlock()
-		switch {
-		case a != "":
-			return a
-		case h.Exited():
+	var a string
+	testwait.For(t, limit, "the hub's "+listener+" listener", func() bool {
+		if h.Exited() {
 			t.Fatalf("the hub exited before its %s listener was bound:\n%s", listener, h.Tail(40))
-		case time.Now().After(deadline):
-			t.Fatalf("the hub's %s listener not bound within %v:\n%s", listener, limit, h.Tail(40))
 		}
-	}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		a = h.addrs[listener]
+		return a != ""
+	})
+	return a
 }
 
 // Ready reports whether the hub's /readyz answers 200 (false before its http listener is

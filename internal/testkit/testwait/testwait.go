@@ -4,13 +4,17 @@
 // It is test infrastructure; nothing in the product imports it.
 package testwait
 
-import (
-	"testing"
-	"time"
-)
+import "time"
+
+// TB is what For needs of a test: testing.TB has it, and so has a benchmark command that is
+// not a test.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
 
 // For polls cond every 20 ms until it holds, and fails t after d naming what it waited for.
-func For(t testing.TB, d time.Duration, what string, cond func() bool) {
+func For(t TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
