@@ -209,16 +209,19 @@ func EngineFanout(cfg FanoutConfig) (Result, error) {
 	}, nil
 }
 
-// BaselineFanout measures raw gRPC doing the same transport work: a bare ResourceSource
-// handler that sends every stream the same pre-encoded message (what the engine would send)
-// and reads its ACK, with no engine in between.
+// BaselineFanout measures raw gRPC doing the same transport work: the bare ResourceSource
+// (load.Bare) sending every stream the same pre-encoded message (what the engine would
+// send) and reading its ACK, with no engine in between.
 func BaselineFanout(cfg FanoutConfig) (Result, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	msgFor := func(version int) []byte {
+	// msgFor is version's message: the full state (one resource at version), or with
+	// incremental the changed resource alone.
+	msgFor := func(version int, incremental bool) []byte {
 		var rs []*mcpapi.Resource
-		switch {
-		case version == 0 || !cfg.Incremental:
+		if incremental {
+			rs = []*mcpapi.Resource{Resource(version%max(cfg.Resources, 1), version, cfg.ResourceBytes)}
+		} else {
 			for i := range cfg.Resources {
 				v := 0
 				if version > 0 && i == version%max(cfg.Resources, 1) {
@@ -226,85 +229,39 @@ func BaselineFanout(cfg FanoutConfig) (Result, error) {
 				}
 				rs = append(rs, Resource(i, v, cfg.ResourceBytes))
 			}
-		default:
-			rs = []*mcpapi.Resource{Resource(version%max(cfg.Resources, 1), version, cfg.ResourceBytes)}
 		}
-		b, _ := proto.Marshal(&mcppb.Resources{Collection: Collection, SystemVersionInfo: strconv.Itoa(version), Resources: rs, Incremental: cfg.Incremental && version > 0})
+		b, _ := proto.Marshal(&mcppb.Resources{Collection: Collection, SystemVersionInfo: strconv.Itoa(version), Resources: rs, Incremental: incremental})
 		return b
 	}
-	var mu sync.Mutex // guards current, version, done
-	cond := sync.NewCond(&mu)
-	current, version, done := msgFor(0), 0, false
-
+	bare := load.NewBare()
+	bare.Stage(msgFor(0, false), nil)
+	bare.Publish()
 	lis, err := listen()
 	if err != nil {
 		return Result{}, err
 	}
-	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(load.RawCodec{}))...)
-	mcppb.RegisterResourceSourceServer(srv, &baselineServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
-		sent := -1
-		nonce := 0
-		req := new(mcppb.RequestResources)
-		if err := st.RecvMsg(req); err != nil {
-			return err
-		}
-		for {
-			mu.Lock()
-			for version == sent && !done {
-				cond.Wait()
-			}
-			msg, v, stop := current, version, done
-			mu.Unlock()
-			if stop {
-				return nil
-			}
-			nonce++
-			if err := st.SendMsg(&load.RawMsg{B: msg, Tail: load.NonceField(strconv.Itoa(nonce))}); err != nil {
-				return err
-			}
-			sent = v
-			if err := st.RecvMsg(req); err != nil {
-				return err
-			}
-		}
-	}})
+	srv := bare.Server()
 	go srv.Serve(lis)
-	stopped := make(chan struct{})
-	go func() { // wake handlers blocked in cond.Wait when the run ends
-		<-ctx.Done()
-		mu.Lock()
-		done = true
-		cond.Broadcast()
-		mu.Unlock()
-		close(stopped)
-	}()
 	got := make(chan int, cfg.Streams)
 	wait, err := ackClients(ctx, lis.Addr().String(), cfg.Streams, cfg.Incremental, got)
 	if err != nil {
+		srv.Stop()
 		return Result{}, err
 	}
-	defer func() { cancel(); <-stopped; srv.Stop(); wait() }()
+	defer func() { cancel(); srv.Stop(); wait() }()
 	for range cfg.Streams {
 		<-got
 	}
-	msgs := make([][]byte, cfg.Changes+1) // pre-encoded: the baseline pays no encoding
+	full, delta := make([][]byte, cfg.Changes+1), make([][]byte, cfg.Changes+1) // pre-encoded: the baseline pays no encoding
 	for i := 1; i <= cfg.Changes; i++ {
-		msgs[i] = msgFor(i)
+		full[i] = msgFor(i, false)
+		if cfg.Incremental {
+			delta[i] = msgFor(i, true)
+		}
 	}
 	per, bytes, allocs := measure(cfg, got, func(i int) {
-		mu.Lock()
-		current, version = msgs[i], i
-		cond.Broadcast()
-		mu.Unlock()
+		bare.Stage(full[i], delta[i])
+		bare.Publish()
 	})
 	return Result{PerChange: per, BytesPerChange: bytes, AllocsPerChange: allocs}, nil
-}
-
-type baselineServer struct {
-	mcppb.UnimplementedResourceSourceServer
-	fn func(grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error
-}
-
-func (s *baselineServer) EstablishResourceStream(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
-	return s.fn(st)
 }

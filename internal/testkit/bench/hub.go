@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/hub"
@@ -425,30 +426,23 @@ func IdleSinks(n int) (IdleResult, error) {
 	cl.stop()
 	b.stop()
 
-	// Baseline: the same clients on a bare server that sends one message and then holds.
+	// Baseline: the same clients on the bare source, which sends one message and then holds.
 	lis, err := listen()
 	if err != nil {
 		return res, err
 	}
-	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(load.RawCodec{}))...)
 	var first []*mcpapi.Resource
 	for i := range 10 {
 		first = append(first, Resource(i, 0, 128))
 	}
-	mcppb.RegisterResourceSourceServer(srv, &baselineServer{fn: func(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
-		req := new(mcppb.RequestResources)
-		if err := st.RecvMsg(req); err != nil {
-			return err
-		}
-		if err := st.Send(&mcppb.Resources{Collection: hubCollection, Nonce: "1", Resources: first}); err != nil {
-			return err
-		}
-		for { // hold the stream, reading ACKs, until the client goes
-			if err := st.RecvMsg(req); err != nil {
-				return nil
-			}
-		}
-	}})
+	msg, err := proto.Marshal(&mcppb.Resources{Collection: hubCollection, Resources: first})
+	if err != nil {
+		return res, err
+	}
+	bare := load.NewBare()
+	bare.Stage(msg, nil)
+	bare.Publish()
+	srv := bare.Server()
 	go srv.Serve(lis)
 	defer srv.Stop()
 	per, stop, err = measureIdle(lis.Addr().String())

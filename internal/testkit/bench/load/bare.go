@@ -15,12 +15,13 @@ import (
 	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
-// bare is the baseline ResourceSource: no store, no diff, no encoding. Each version is a
-// full-state message and an incremental one, encoded by the controller; a stream gets the
-// full state first (and whenever it is more than one version behind) and the incremental
+// Bare is the baseline ResourceSource: no store, no diff, no encoding. Each version is a
+// full-state message and an incremental one, encoded by its caller; a stream gets the full
+// state first (and whenever it is more than one version behind) and the incremental
 // message after when it asked for incremental, each with its own nonce appended, and waits
-// for the ACK of one push before the next, as MCP requires.
-type bare struct {
+// for the ACK of one push before the next, as MCP requires. The versus table runs it as a
+// process (RunBare); the benchmarks' in-process baselines serve it directly.
+type Bare struct {
 	mcppb.UnimplementedResourceSourceServer
 
 	mu            sync.Mutex // guards cur, staged and stagD
@@ -36,7 +37,36 @@ type version struct {
 	next        chan struct{}
 }
 
-func (b *bare) current() *version {
+// NewBare returns a Bare with nothing published: its streams wait for the first Publish.
+func NewBare() *Bare { return &Bare{cur: &version{next: make(chan struct{})}} }
+
+// Server is a gRPC server serving b, with the transport settings of meshfed's servers of
+// sinks (mcp.SourceWindowOptions) and nothing else of meshfed.
+func (b *Bare) Server() *grpc.Server {
+	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(RawCodec{}), grpc.MaxRecvMsgSize(64<<20))...)
+	mcppb.RegisterResourceSourceServer(srv, b)
+	return srv
+}
+
+// Stage sets the next version's messages (encoded Resources without a nonce; delta nil: the
+// full state for everyone). Encoding them is the caller's, before any clock starts.
+func (b *Bare) Stage(full, delta []byte) {
+	b.mu.Lock()
+	b.staged, b.stagD = full, delta
+	b.mu.Unlock()
+}
+
+// Publish serves what was staged as the next version: a pointer swap, and the streams
+// waiting on the previous version woken.
+func (b *Bare) Publish() {
+	b.mu.Lock()
+	old := b.cur
+	b.cur = &version{n: old.n + 1, full: b.staged, delta: b.stagD, next: make(chan struct{})}
+	close(old.next)
+	b.mu.Unlock()
+}
+
+func (b *Bare) current() *version {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.cur
@@ -48,13 +78,12 @@ func RunBare(addr string, in io.Reader, out io.Writer) error {
 	if _, err := RaiseNoFile(); err != nil {
 		return err
 	}
-	b := &bare{cur: &version{next: make(chan struct{})}}
+	b := NewBare()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(append(mcp.SourceWindowOptions(), grpc.ForceServerCodecV2(RawCodec{}), grpc.MaxRecvMsgSize(64<<20))...)
-	mcppb.RegisterResourceSourceServer(srv, b)
+	srv := b.Server()
 	go srv.Serve(lis)
 	defer srv.Stop()
 	e := newEmitter(out)
@@ -69,16 +98,10 @@ func RunBare(addr string, in io.Reader, out io.Writer) error {
 		}
 		switch c.Op {
 		case "stage": // decoded before the clock starts: the change itself is a pointer swap
-			b.mu.Lock()
-			b.staged, b.stagD = c.Full, c.Delta
-			b.mu.Unlock()
+			b.Stage(c.Full, c.Delta)
 			e.emit(Event{Event: "staged"})
 		case "publish":
-			b.mu.Lock()
-			old := b.cur
-			b.cur = &version{n: old.n + 1, full: b.staged, delta: b.stagD, next: make(chan struct{})}
-			close(old.next)
-			b.mu.Unlock()
+			b.Publish()
 			e.emit(Event{Event: "published"})
 		default:
 			e.emit(Event{Event: "error", Message: fmt.Sprintf("unknown op %q", c.Op)})
@@ -87,7 +110,8 @@ func RunBare(addr string, in io.Reader, out io.Writer) error {
 	return sc.Err()
 }
 
-func (b *bare) EstablishResourceStream(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
+// EstablishResourceStream serves one sink (see Bare).
+func (b *Bare) EstablishResourceStream(st grpc.BidiStreamingServer[mcppb.RequestResources, mcppb.Resources]) error {
 	req := new(mcppb.RequestResources)
 	if err := st.RecvMsg(req); err != nil {
 		return err
