@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/internal/testkit/bench"
 	"github.com/meshfed/meshfed/internal/testkit/bench/load"
+	mcppb "github.com/meshfed/meshfed/mcp/v1alpha1"
 )
 
 // versusFlags size the versus table: meshfed's hub against Istio 1.8's own MCP source and
@@ -47,7 +49,8 @@ func idle(r bench.VersusResult) (float64, string) {
 }
 
 func versusRows(f versusFlags) []versusRow {
-	each := proto.Size(bench.Resource(0, 0, f.size)) // a resource as Istio and bare send it
+	// A resource as Istio and bare send it: in a Resources message, with its field's tag and length.
+	each := proto.Size(&mcppb.Resources{Resources: []*mcpapi.Resource{bench.Resource(0, 0, f.size)}})
 	kb := func(n int) string {
 		return fmt.Sprintf("%s resources (%.0f KB)", thousands(n), float64(n*each)/1000)
 	}
