@@ -42,7 +42,9 @@ type Hub struct {
 	// state is the state file (persist.go): nil until Run opens it, and when it is off.
 	state    atomic.Pointer[durable.Store]
 	stateErr atomic.Pointer[error] // why it could not be opened
-	now      func() time.Time
+	// stateFaults are Options.StateFaults (tests only).
+	stateFaults *durable.Faults
+	now         func() time.Time
 
 	store    *store
 	sinks    *sinkRegistry
@@ -62,7 +64,8 @@ type Hub struct {
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
 
-	started time.Time // set by Run before any stream
+	started time.Time    // set by Run before any stream
+	rounds  atomic.Int64 // of Housekeep
 
 	mu         sync.Mutex // guards the following fields
 	ready      bool
@@ -81,6 +84,12 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Layer runs beside the core (package hub/replicas); nil: none.
 	Layer Layer
+	// Clock is the time every decision of the hub reads (the warm-up, staleness, the
+	// breaker's settling, last contacts); nil: time.Now. A test that sets it advances it and
+	// calls Housekeep, rather than waiting for Run's once-a-second round.
+	Clock func() time.Time
+	// StateFaults make the state file's disk fail, for tests; nil: none.
+	StateFaults *durable.Faults
 }
 
 // live is the part of the configuration a reload replaces.
@@ -111,9 +120,13 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 	} else {
 		layerChanged = layer.StateChanged
 	}
-	h := &Hub{cfg: cfg, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg), layer: layer, now: time.Now,
+	now := opts.Clock
+	if now == nil {
+		now = time.Now
+	}
+	h := &Hub{cfg: cfg, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg), layer: layer, now: now,
 		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer(),
-		layerChanged: layerChanged}
+		layerChanged: layerChanged, stateFaults: opts.StateFaults}
 	h.live.Store(&live{cfg: cfg, comp: comp})
 	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
 	if cfg.Persist || layerChanged != nil {
@@ -372,33 +385,38 @@ func (h *Hub) stop(g *errgroup.Group) error {
 	return nil
 }
 
-// housekeeping ends the warm-up when it times out, drops the resources of clusters
-// disconnected for longer than their collections' staleness TTL, and applies held
-// deletions that have settled.
+// housekeeping runs Housekeep every second until ctx ends.
 func (h *Hub) housekeeping(ctx context.Context) {
-	warm := time.NewTimer(h.cfg.WarmUp.Duration)
-	defer warm.Stop()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	ticks := 0
 	h.checkReady()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-warm.C:
-			if p := h.pendingClusters(); len(p) > 0 {
-				h.log.Warn("warm-up timed out; serving without clusters that have not synced", "pending", p)
-			}
-			h.setReady("warm-up timeout")
 		case <-tick.C:
-			h.expireStale()
-			if ticks++; ticks%10 == 0 {
-				h.saveContacts()
-			}
-			h.settleBreakers()
+			h.Housekeep()
 		}
 	}
+}
+
+// Housekeep runs one round of the hub's periodic work now (Run does it every second): it
+// ends the warm-up once it has passed, drops the resources of clusters disconnected for
+// longer than their collections' staleness TTL, applies held deletions that have settled,
+// and every tenth round refreshes the connected clusters' last contact in the state file.
+// Every decision reads the hub's clock (Options.Clock).
+func (h *Hub) Housekeep() {
+	if h.now().Sub(h.started) >= h.cfg.WarmUp.Duration && !h.Ready() {
+		if p := h.pendingClusters(); len(p) > 0 {
+			h.log.Warn("warm-up timed out; serving without clusters that have not synced", "pending", p)
+		}
+		h.setReady("warm-up timeout")
+	}
+	h.expireStale()
+	if h.rounds.Add(1)%10 == 0 {
+		h.saveContacts()
+	}
+	h.settleBreakers()
 }
 
 // runDialers starts the streams the hub opens itself: pushes to sinks that only listen (once

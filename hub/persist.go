@@ -45,7 +45,7 @@ func (h *Hub) openState() error {
 		return nil
 	}
 	path := filepath.Join(h.cfg.StateDir, StateFile)
-	st, state, reset, err := durable.OpenOrReset(path, h.log.With("state", path))
+	st, state, reset, err := durable.OpenOrReset(path, h.log.With("state", path), h.stateFaults)
 	if errors.Is(err, durable.ErrLocked) {
 		return fmt.Errorf("stateDir: %w (another hub uses %s)", err, path)
 	}

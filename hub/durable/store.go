@@ -165,6 +165,33 @@ type config struct {
 	beforeCommit func() error
 }
 
+// Faults make the state file's disk fail on purpose, for tests of what the hub does when
+// a disk does (the hub's model-based test of its invariant); production passes none. Each
+// hook stands for the system call it replaces, so what the Store does about the failure is
+// the code a real failure runs.
+type Faults struct {
+	// OpenFile replaces os.OpenFile for the state file (a read-only file system fails the
+	// opens for writing).
+	OpenFile func(name string, flag int, perm os.FileMode) (*os.File, error)
+	// BeforeCommit runs in each write transaction before its writes: an error fails the
+	// commit as a full disk does (and a process killed at that point commits nothing more).
+	BeforeCommit func() error
+}
+
+// with returns cfg with the hooks f sets.
+func (cfg config) with(f *Faults) config {
+	if f == nil {
+		return cfg
+	}
+	if f.OpenFile != nil {
+		cfg.openFile = f.OpenFile
+	}
+	if f.BeforeCommit != nil {
+		cfg.beforeCommit = f.BeforeCommit
+	}
+	return cfg
+}
+
 // CommitInterval is the least time between the starts of two commits (see config).
 const CommitInterval = 100 * time.Millisecond
 
@@ -371,9 +398,9 @@ func initLayout(tx *bolt.Tx) error {
 // evidence, and an empty one is opened in its place: the hub starts from its minions, as it
 // would without a state file, instead of not starting. reset is then a *ResetError saying
 // why and where the file went; err is any error it cannot start past (the lock, a
-// permission, the rename).
-func OpenOrReset(path string, log *slog.Logger) (st *Store, state map[string]*Cluster, reset, err error) {
-	return openOrReset(path, log, defaultConfig())
+// permission, the rename). faults is nil but in tests.
+func OpenOrReset(path string, log *slog.Logger, faults *Faults) (st *Store, state map[string]*Cluster, reset, err error) {
+	return openOrReset(path, log, defaultConfig().with(faults))
 }
 
 func openOrReset(path string, log *slog.Logger, cfg config) (*Store, map[string]*Cluster, error, error) {

@@ -1,0 +1,203 @@
+package invariant
+
+import (
+	"fmt"
+	"maps"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// The reference model: what each minion's source holds and has delivered, the
+// configuration, and the clusters removed from it whose objects the hub must keep until an
+// operator confirms. From it, protected says which objects no sink may lose.
+
+// key names an object: its collection's short name (vs, dr) and namespace/name.
+type key struct{ coll, name string }
+
+func (k key) String() string { return k.coll + " " + k.name }
+
+func (k key) namespace() string { ns, _, _ := strings.Cut(k.name, "/"); return ns }
+
+// entry is one cluster of the configuration: its name, the identity its minion presents,
+// and the namespace it owns.
+type entry struct{ name, identity, ns string }
+
+// removal is what a cluster left the configuration with: the objects protected as its, and
+// its minion's identity.
+type removal struct {
+	identity string
+	keys     map[key]bool
+}
+
+type model struct {
+	src     map[string]map[key]int // minion -> what its source holds: object -> version number
+	saved   map[string]map[key]int // what `empty` put aside
+	pub     map[string]map[key]int // what the minion last delivered to a hub it was admitted by
+	running map[string]bool
+	cfg     []entry
+	removed map[string]removal // cluster name -> its objects, until an operator confirms
+	version int
+}
+
+func baseConfig() []entry {
+	out := make([]entry, len(minionNames))
+	for i, m := range minionNames {
+		out[i] = entry{name: m, identity: m, ns: homeNS[m]}
+	}
+	return out
+}
+
+func newModel() *model {
+	m := &model{src: map[string]map[key]int{}, saved: map[string]map[key]int{}, pub: map[string]map[key]int{},
+		running: map[string]bool{}, cfg: baseConfig(), removed: map[string]removal{}}
+	for _, n := range minionNames {
+		m.src[n], m.pub[n] = map[key]int{}, map[key]int{}
+	}
+	return m
+}
+
+func (m *model) clusterOf(identity string) *entry {
+	for i := range m.cfg {
+		if m.cfg[i].identity == identity {
+			return &m.cfg[i]
+		}
+	}
+	return nil
+}
+
+func (m *model) configured(name string) bool {
+	for _, e := range m.cfg {
+		if e.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// prot is what protects an object: the cluster whose writer publishes it and the version;
+// lenient: protected as a removed cluster's, whose writer the hub no longer hears, so any
+// version it had is right.
+type prot struct {
+	cluster string
+	version int
+	lenient bool
+}
+
+// protected returns the objects no sink may lose: those a configured cluster's writer
+// publishes in the namespace it owns, and those a removed cluster had whose writer still
+// publishes them (the hub cannot hear it: unknown, kept).
+func (m *model) protected() map[key]prot {
+	out := map[key]prot{}
+	for id, pub := range m.pub {
+		c := m.clusterOf(id)
+		if c == nil {
+			continue
+		}
+		for k, v := range pub {
+			if k.namespace() == c.ns {
+				out[k] = prot{cluster: c.name, version: v}
+			}
+		}
+	}
+	for name, r := range m.removed {
+		for k := range r.keys {
+			if v, ok := m.pub[r.identity][k]; ok {
+				if _, ok := out[k]; !ok {
+					out[k] = prot{cluster: name, version: v, lenient: true}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// next is the configuration after a reload event (nil: it names a cluster that is not
+// configured).
+func (m *model) next(e event) []entry {
+	switch e.args[0] {
+	case "base":
+		return baseConfig()
+	}
+	c := e.args[1]
+	if !m.configured(c) {
+		return nil
+	}
+	var out []entry
+	for _, x := range m.cfg {
+		switch {
+		case x.name != c:
+		case e.args[0] == "remove":
+			continue
+		case e.args[0] == "rename":
+			x.name = e.args[2]
+		case e.args[0] == "reown":
+			x.ns = e.args[2]
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// reconfigure makes cfg the configuration: a cluster that leaves it takes what was
+// protected as its into removed; one that (re)enters it is no longer removed.
+func (m *model) reconfigure(cfg []entry) {
+	prot := m.protected()
+	old := m.cfg
+	m.cfg = cfg
+	for _, o := range old {
+		if m.configured(o.name) {
+			continue
+		}
+		r := removal{identity: o.identity, keys: map[key]bool{}}
+		for k, p := range prot {
+			if p.cluster == o.name {
+				r.keys[k] = true
+			}
+		}
+		if prev, ok := m.removed[o.name]; ok { // removed before, added back, removed again
+			maps.Copy(r.keys, prev.keys)
+		}
+		m.removed[o.name] = r
+	}
+	for _, c := range cfg {
+		delete(m.removed, c.name)
+	}
+}
+
+// sinkState is one sink's collections: object -> served version ("cluster/vN").
+type sinkState map[key]string
+
+// versionOf returns the N of a served version "cluster/vN" (-1 if it is not one).
+func versionOf(served string) int {
+	_, v, _ := strings.Cut(served, "/")
+	n, err := strconv.Atoi(strings.TrimPrefix(v, "v"))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// mismatch says how a sink's state differs from what it must hold now: every protected
+// object at its version (any version if lenient), and nothing but those and what allowed
+// says the hub may still serve (deletions its breaker holds, removed clusters' objects).
+// "" when it holds exactly that.
+func mismatch(s sinkState, prot map[key]prot, allowed map[key]bool) string {
+	var out []string
+	for k, p := range prot {
+		got, ok := s[k]
+		switch {
+		case !ok:
+			out = append(out, fmt.Sprintf("missing %s (published by %s at v%d)", k, p.cluster, p.version))
+		case !p.lenient && got != fmt.Sprintf("%s/v%d", p.cluster, p.version):
+			out = append(out, fmt.Sprintf("%s at %s, want %s/v%d", k, got, p.cluster, p.version))
+		}
+	}
+	for k, v := range s {
+		if _, ok := prot[k]; !ok && !allowed[k] {
+			out = append(out, fmt.Sprintf("extra %s@%s (no writer publishes it, the hub holds no deletion of it)", k, v))
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, "; ")
+}

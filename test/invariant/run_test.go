@@ -1,0 +1,266 @@
+package invariant
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// settleTimeout bounds how long a step may take to settle: the minions answered, the
+// sinks holding what the model says. A step that does not settle in it fails.
+const settleTimeout = 10 * time.Second
+
+// do applies event e to the world and to the model.
+func (h *harness) do(e event) error {
+	m := h.m
+	switch e.op {
+	case "put", "del":
+		id, k := e.args[0], key{e.args[1], e.args[2]}
+		v := -1
+		if e.op == "put" {
+			m.version++
+			v = m.version
+			m.src[id][k] = v
+		} else {
+			delete(m.src[id], k)
+		}
+		if m.running[id] {
+			h.minions[id].set(k, v)
+		}
+	case "empty":
+		id := e.args[0]
+		if len(m.src[id]) > 0 {
+			m.saved[id] = m.src[id]
+			m.src[id] = map[key]int{}
+		}
+		if m.running[id] {
+			h.minions[id].replace(m.src[id])
+		}
+	case "restore":
+		id := e.args[0]
+		for k, v := range m.saved[id] {
+			if _, ok := m.src[id][k]; !ok {
+				m.src[id][k] = v
+			}
+		}
+		m.saved[id] = nil
+		if m.running[id] {
+			h.minions[id].replace(m.src[id])
+		}
+	case "stop":
+		m.running[e.args[0]] = false
+		h.minions[e.args[0]].halt()
+	case "start":
+		m.running[e.args[0]] = true
+		h.minions[e.args[0]].start(m.src[e.args[0]])
+	case "cut":
+		h.minions[e.args[0]].cutStream()
+	case "crash", "restart":
+		h.stopHub(e.op == "crash")
+		return h.startHub()
+	case "damage":
+		h.stopHub(true)
+		seed, _ := strconv.Atoi(e.args[1])
+		if err := damage(statePath(h.dir), e.args[0], seed); err != nil {
+			return err
+		}
+		return h.startHub()
+	case "disk":
+		h.diskFull.Store(e.args[0] == "full")
+	case "readonly":
+		h.readonly.Store(e.args[0] == "on")
+	case "reload":
+		next := m.next(e)
+		if next == nil {
+			return nil
+		}
+		cfg, err := h.config(next)
+		if err != nil {
+			return nil // a configuration the hub refuses to parse (two clusters owning one namespace)
+		}
+		if _, err := h.hub.Reload(cfg); err != nil {
+			return nil // refused: the running configuration stays
+		}
+		m.reconfigure(next)
+	case "release":
+		if _, err := h.hub.ReleaseBreaker(e.args[0], "spiffe://test/operator/model"); err == nil {
+			delete(m.removed, e.args[0])
+		}
+	case "advance":
+		d, _ := time.ParseDuration(e.args[0])
+		h.clock.advance(d)
+		h.hub.Housekeep()
+	default:
+		return fmt.Errorf("unknown event %q", e)
+	}
+	return nil
+}
+
+// settle waits until every running minion has had its current state answered (what it
+// published is then the model's) and, if the hub serves sinks, every sink holds what the
+// hub serves now (a new full-state sink's first pushes: the probe); it returns what is
+// still amiss at the deadline, and what the hub serves is then checked against the model.
+func (h *harness) settle(step int) string {
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		var amiss []string
+		for _, id := range minionNames {
+			if h.m.running[id] && !h.minions[id].settled(h.ingest.Load().(string)) {
+				amiss = append(amiss, "minion "+id+" not answered")
+			}
+		}
+		if len(amiss) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return strings.Join(amiss, "; ")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, id := range minionNames {
+		if h.m.running[id] {
+			h.m.pub[id] = maps.Clone(h.m.src[id])
+		}
+	}
+	if !h.hub.Ready() {
+		return ""
+	}
+	served, err := h.probe(time.Until(deadline))
+	if err != nil {
+		return err.Error()
+	}
+	for {
+		var amiss []string
+		for _, s := range h.sinks {
+			if d := diff(s.snapshot(), served); d != "" {
+				amiss = append(amiss, s.name+" (against what the hub serves): "+d)
+			}
+		}
+		if len(amiss) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return strings.Join(amiss, "\n  ")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if d := mismatch(served, h.m.protected(), h.allowed()); d != "" {
+		h.fail(step, "the hub serves what the model does not allow: %s", d)
+	}
+	return ""
+}
+
+// allowed are the objects a sink may hold beyond the protected ones: deletions the hub's
+// breakers hold, and what removed clusters had.
+func (h *harness) allowed() map[key]bool {
+	out := heldNames(h.hub)
+	for _, r := range h.m.removed {
+		for k := range r.keys {
+			out[k] = true
+		}
+	}
+	return out
+}
+
+// check compares what the sinks received during step i with what the model protected
+// before and after it, and the hub's held deletions with what is published.
+func (h *harness) check(i int, before map[key]prot) {
+	after := h.m.protected()
+	for _, s := range h.sinks {
+		for _, c := range s.takeChanges() {
+			pb, okb := before[c.k]
+			pa, oka := after[c.k]
+			if !okb || !oka {
+				continue
+			}
+			switch {
+			case c.version == "":
+				h.fail(i, "%s lost %s, which %s's writer published before and after the step (v%d, v%d)", s.name, c.k, pa.cluster, pb.version, pa.version)
+			case !pb.lenient && !pa.lenient && pb.version == pa.version && versionOf(c.version) != pa.version:
+				h.fail(i, "%s got %s at %s while %s's writer published v%d throughout the step", s.name, c.k, c.version, pa.cluster, pa.version)
+			}
+		}
+	}
+	if h.hub == nil {
+		return
+	}
+	for k := range heldNames(h.hub) {
+		if p, ok := after[k]; ok && !p.lenient {
+			h.fail(i, "the hub holds the deletion of %s, which %s's writer publishes (v%d)", k, p.cluster, p.version)
+		}
+	}
+}
+
+func (h *harness) fail(step int, format string, args ...any) {
+	h.violations = append(h.violations, violation{step: step, msg: fmt.Sprintf(format, args...)})
+}
+
+// runSequence runs events against a new world in dir and returns the violations, stopping
+// at the first step that has any.
+func runSequence(dir string, events []event) (vs []violation, failed int, h *harness) {
+	h = newHarness(dir)
+	defer h.close()
+	if err := h.startHub(); err != nil {
+		h.fail(0, "start: %v", err)
+		return h.violations, 0, h
+	}
+	for i, e := range events {
+		h.step.Store(int64(i))
+		before := h.m.protected()
+		if err := h.do(e); err != nil {
+			h.fail(i, "%s: %v", e, err)
+			return h.violations, i, h
+		}
+		if amiss := h.settle(i); amiss != "" {
+			h.fail(i, "after %q, not settled in %v:\n  %s", e, settleTimeout, amiss)
+		}
+		h.check(i, before)
+		if *trace {
+			fmt.Fprintf(os.Stderr, "step %d: %s\n%s", i, e, h.describe())
+		}
+		if len(h.violations) > 0 {
+			return h.violations, i, h
+		}
+	}
+	return nil, len(events), h
+}
+
+// report is a failing sequence as a script to keep, its violations and the hub's last log.
+func report(events []event, failed int, vs []violation, h *harness) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the invariant failed at step %d (%s):\n", failed, events[failed])
+	for _, v := range vs {
+		fmt.Fprintf(&b, "  step %d: %s\n", v.step, v.msg)
+	}
+	b.WriteString("\nthe sequence (keep it as testdata/regressions/NAME.seq):\n")
+	b.WriteString(formatScript(events[:failed+1]))
+	b.WriteString("\nthe last lines logged:\n")
+	h.log.dump(&b)
+	return b.String()
+}
+
+// describe is the world after a step, for -invariant.trace.
+func (h *harness) describe() string {
+	var b strings.Builder
+	if h.hub == nil {
+		return "  hub down\n"
+	}
+	fmt.Fprintf(&b, "  hub ready %v, held %v\n", h.hub.Ready(), sortedKeys(heldNames(h.hub)))
+	for _, c := range h.hub.Clusters() {
+		fmt.Fprintf(&b, "  cluster %s: connected %v synced %v restored %v resources %v\n", c.Name, c.Connected, c.Synced, c.Restored, c.Resources)
+	}
+	prot := h.m.protected()
+	fmt.Fprintf(&b, "  protected %d, removed %v\n", len(prot), h.m.removed)
+	for _, s := range h.sinks {
+		st := s.snapshot()
+		var items []string
+		for _, k := range sortedKeys(st) {
+			items = append(items, k.String()+"@"+st[k])
+		}
+		fmt.Fprintf(&b, "  %s: %s\n", s.name, strings.Join(items, ", "))
+	}
+	return b.String()
+}
