@@ -284,7 +284,7 @@ func (h *Hub) httpHandler() *http.ServeMux {
 	})
 	mux.HandleFunc("/api/object", h.serveObject)
 	mux.HandleFunc("/api/events", h.serveEvents)
-	mux.HandleFunc("/api/state", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.stateStatus()) })
+	mux.HandleFunc("/api/state", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.StateStatus()) })
 	mux.HandleFunc("/api/kinds", func(w http.ResponseWriter, _ *http.Request) { WriteJSON(w, h.servedKinds()) })
 	mux.HandleFunc("/api/conflicts", func(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, orNone(h.store.conflicts(h.viewerOf(r))))

@@ -284,8 +284,8 @@ func (h *Hub) closeState() error {
 	return nil
 }
 
-// stateStatus is the state file's health, as /api/state shows it.
-func (h *Hub) stateStatus() api.State {
+// StateStatus is the state file's health, as /api/state shows it.
+func (h *Hub) StateStatus() api.State {
 	out := api.State{Persist: h.cfg.Persist, Path: filepath.Join(h.cfg.StateDir, StateFile)}
 	if p := h.stateErr.Load(); p != nil {
 		out.Error = (*p).Error()

@@ -80,7 +80,7 @@ func TestRestartServesTheLastStateOfAnAbsentCluster(t *testing.T) {
 			t.Errorf("%s: %+v", c.Name, c)
 		}
 	}
-	if st := b.stateStatus(); !st.Open || st.Error != "" {
+	if st := b.StateStatus(); !st.Open || st.Error != "" {
 		t.Errorf("state: %+v", st)
 	}
 }
@@ -145,7 +145,7 @@ func TestCorruptStateFileIsSetAside(t *testing.T) {
 		t.Errorf("moved aside: %v", moved)
 	}
 	mustApply(t, h, "east", push(t, vsColl, "shop/a"))
-	if st := h.stateStatus(); !st.Open {
+	if st := h.StateStatus(); !st.Open {
 		t.Errorf("state after the reset: %+v", st)
 	}
 }

@@ -21,6 +21,7 @@ var (
 	without = flag.String("invariant.without", "", "events the generator leaves out, comma-separated (e.g. crash,damage)")
 	reports = flag.String("invariant.reports", "", "with -invariant.survey, a directory to write each failing sequence's report to")
 	survey  = flag.Bool("invariant.survey", false, "run every sequence and print each failing one's first violation, instead of stopping at the first")
+	shrink  = flag.Bool("invariant.shrink", false, "with -invariant.script: print the shortest sequence found that still fails (events removed greedily)")
 	script  = flag.String("invariant.script", "", "a script TestInvariantRegressions replays instead of testdata/regressions")
 )
 
@@ -61,6 +62,10 @@ func TestInvariantRegressions(t *testing.T) {
 	files, _ := filepath.Glob("testdata/regressions/*.seq")
 	if *script != "" {
 		files = []string{*script}
+	}
+	if *shrink {
+		shrinkScript(t, files[0])
+		return
 	}
 	if len(files) == 0 {
 		t.Skip("no regression sequences kept")
@@ -105,4 +110,39 @@ func FuzzInvariant(f *testing.F) {
 			t.Fatal(report(events, failed, vs, h))
 		}
 	})
+}
+
+// shrinkScript removes events from a failing script, in chunks then one by one, while it
+// still fails, and prints what is left: the regression case to keep.
+func shrinkScript(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := parseScript(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fails := func(es []event) bool {
+		vs, _, _ := runSequence(t.TempDir(), es)
+		return len(vs) > 0
+	}
+	if !fails(events) {
+		t.Fatal("the script does not fail")
+	}
+	for chunk := len(events) / 2; chunk >= 1; chunk /= 2 {
+		for i := 0; i+chunk <= len(events); {
+			try := append(append([]event(nil), events[:i]...), events[i+chunk:]...)
+			if fails(try) {
+				events = try
+				continue
+			}
+			i += chunk
+		}
+	}
+	vs, failed, h := runSequence(t.TempDir(), events)
+	if len(vs) == 0 {
+		t.Fatalf("the shrunk sequence passed on a second run (the failure depends on timing):\n%s", formatScript(events))
+	}
+	t.Logf("shrunk to %d events:\n%s", len(events), report(events, failed, vs, h))
 }

@@ -93,6 +93,7 @@ func (h *harness) do(e event) error {
 		d, _ := time.ParseDuration(e.args[0])
 		h.clock.advance(d)
 		h.hub.Housekeep()
+		h.waitCommitted() // time passes for the state file too
 	default:
 		return fmt.Errorf("unknown event %q", e)
 	}
@@ -263,4 +264,17 @@ func (h *harness) describe() string {
 		fmt.Fprintf(&b, "  %s: %s\n", s.name, strings.Join(items, ", "))
 	}
 	return b.String()
+}
+
+// waitCommitted waits until the state file has committed what is queued, unless its disk
+// fails.
+func (h *harness) waitCommitted() {
+	deadline := time.Now().Add(settleTimeout)
+	for time.Now().Before(deadline) {
+		st := h.hub.StateStatus()
+		if !st.Open || st.Failing || st.Queued == 0 || h.diskFull.Load() {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
