@@ -1,8 +1,12 @@
 package hub
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -64,11 +68,27 @@ func (cfg *BreakerConfig) check(field string) error {
 	return cfg.Settle.Check(field + ".settle")
 }
 
-// ErrUnknownCluster and ErrNothingHeld are ReleaseBreaker's refusals.
+// ErrUnknownCluster and ErrNothingHeld are ReleaseBreaker's refusals, and so is a
+// *HeldChangedError.
 var (
 	ErrUnknownCluster = errors.New("no such cluster in the hub's configuration")
 	ErrNothingHeld    = errors.New("the cluster's breaker holds no deletions")
 )
+
+// HeldChangedError refuses a release whose operator reviewed other held deletions than the
+// breaker holds now (deletions held since, or taken back by the cluster): a release applies
+// exactly the diff its operator saw, or nothing.
+type HeldChangedError struct {
+	Reviewed, Now string // digests (api.Breaker.Digest)
+	Held          int    // deletions held now
+}
+
+func (e *HeldChangedError) Error() string {
+	if e.Reviewed == "" {
+		return fmt.Sprintf("name the held deletions you reviewed: the breaker's digest (%s, %d held; hub breaker release shows them and passes it)", e.Now, e.Held)
+	}
+	return fmt.Sprintf("the held deletions changed since they were reviewed (digest %s then, %s now, %d held): review them again", e.Reviewed, e.Now, e.Held)
+}
 
 // heldDeletions is one cluster's breaker: the deletions it holds. Guarded by the store's
 // lock (it is part of the cluster's stored state).
@@ -135,6 +155,24 @@ func (b *heldDeletions) disable(now time.Time) {
 func (b *heldDeletions) holds(collection, name string) bool {
 	_, ok := b.names[collection][name]
 	return ok
+}
+
+// digest names the set of held deletions (not when each settles): what an operator
+// reviewed, which a release must match. "" when nothing is held.
+func (b *heldDeletions) digest() string {
+	if b.count == 0 {
+		return ""
+	}
+	h := sha256.New()
+	for _, c := range slices.Sorted(maps.Keys(b.names)) {
+		for _, n := range slices.Sorted(maps.Keys(b.names[c])) {
+			h.Write([]byte(c))
+			h.Write([]byte{0})
+			h.Write([]byte(n))
+			h.Write([]byte{0})
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // exceeded returns why the held deletions exceed cfg against what the cluster serves
@@ -313,7 +351,7 @@ func (b *heldDeletions) status() *api.Breaker {
 	if b.count == 0 && !b.open {
 		return nil
 	}
-	st := &api.Breaker{Open: b.open, Reason: b.reason, Held: b.count, Pending: map[string][]string{}}
+	st := &api.Breaker{Open: b.open, Reason: b.reason, Held: b.count, Digest: b.digest(), Pending: map[string][]string{}}
 	if b.open {
 		t := b.since
 		st.Since = &t
@@ -408,13 +446,15 @@ func (h *Hub) breakerRefresh(cs *clusterState) {
 }
 
 // ReleaseBreaker applies every deletion cluster's breaker holds and closes it, on behalf
-// of operator (logged). ErrUnknownCluster and ErrNothingHeld refuse it.
-func (h *Hub) ReleaseBreaker(cluster, operator string) (api.BreakerRelease, error) {
+// of operator (logged), if they are those the operator reviewed: digest is the breaker's
+// (api.Breaker.Digest) as shown to the operator. ErrUnknownCluster, ErrNothingHeld and a
+// *HeldChangedError refuse it.
+func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (api.BreakerRelease, error) {
 	cs := h.cluster(cluster)
 	if cs == nil {
 		return api.BreakerRelease{}, fmt.Errorf("%w: %q", ErrUnknownCluster, cluster)
 	}
-	deleted, err := h.store.release(cs.data)
+	deleted, err := h.store.release(cs.data, digest)
 	if err != nil {
 		return api.BreakerRelease{}, fmt.Errorf("cluster %q: %w", cluster, err)
 	}

@@ -200,14 +200,14 @@ func TestBreakerRelease(t *testing.T) {
 	withClock(h)
 	sink := watchAs(t, h, "", "istiod")
 	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
-	if _, err := h.ReleaseBreaker("east", "op"); !errors.Is(err, ErrNothingHeld) {
+	if _, err := h.ReleaseBreaker("east", "op", ""); !errors.Is(err, ErrNothingHeld) {
 		t.Errorf("release with nothing held: %v", err)
 	}
-	if _, err := h.ReleaseBreaker("nowhere", "op"); !errors.Is(err, ErrUnknownCluster) {
+	if _, err := h.ReleaseBreaker("nowhere", "op", ""); !errors.Is(err, ErrUnknownCluster) {
 		t.Errorf("release of an unknown cluster: %v", err)
 	}
 	_ = h.Apply("east", push(t, vsColl, objects("shop", 12)[:1]...))
-	rel, err := h.ReleaseBreaker("east", "spiffe://td/operator/ann")
+	rel, err := h.ReleaseBreaker("east", "spiffe://td/operator/ann", digestOf(t, h, "east"))
 	if err != nil || rel.Deleted[vsColl] != 11 || rel.Operator != "spiffe://td/operator/ann" {
 		t.Fatalf("release: %+v, %v", rel, err)
 	}
@@ -319,5 +319,79 @@ func TestSecondStreamOfAClusterTakesOver(t *testing.T) {
 	}
 	if got := sink.names(vsColl); got != "shop/x,shop/y" {
 		t.Errorf("served: %q", got)
+	}
+}
+
+// digestOf is the digest of what cluster's breaker holds ("" if nothing).
+func digestOf(t testing.TB, h *Hub, cluster string) string {
+	for _, c := range h.Clusters() {
+		if c.Name == cluster && c.Breaker != nil {
+			return c.Breaker.Digest
+		}
+	}
+	return ""
+}
+
+// A new session of the cluster declares what the hub holds but for the held deletions:
+// a source that publishes those objects again (its directory restored while its minion was
+// away) sends them, which closes the breaker; one that does not leaves them held (issue 25,
+// finding 1: the restarted minion was told the held names were there, sent nothing, and the
+// breaker stayed open over live objects, so a release deleted them).
+func TestANewSessionRejudgesHeldDeletions(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	all := objects("shop", 12)
+	mustApply(t, h, "east", push(t, vsColl, all...))
+	_ = h.Apply("east", push(t, vsColl))
+	if b := h.Clusters()[0].Breaker; b == nil || !b.Open || b.Held != 12 {
+		t.Fatalf("the emptied source: breaker %+v", b)
+	}
+	if v := h.store.versions("east", vsColl); len(v) != 0 {
+		t.Errorf("a new session declares %d held deletions as held by the hub: %v", len(v), v)
+	}
+	// What a resuming source sends against that declaration once its files are back: every
+	// object it has, as new. Ten are back, two stay deleted.
+	s := ownSession(t, h, "east", "10.0.0.1:1")
+	back := push(t, vsColl, all[:10]...)
+	back.Incremental = true
+	if err := h.apply(s.s, back); err != nil {
+		t.Fatal(err)
+	}
+	b := h.Clusters()[0].Breaker
+	if b == nil || b.Open || b.Held != 2 {
+		t.Fatalf("after the new session's state: breaker %+v, want closed with the 2 deletions settling", b)
+	}
+	if v := h.store.versions("east", vsColl); len(v) != 10 {
+		t.Errorf("declared %d, want the 10 not held", len(v))
+	}
+}
+
+// A release applies exactly the held deletions its operator reviewed (the breaker's
+// digest): one held since is refused, and an object the cluster published again is no
+// longer held, so a release never deletes it.
+func TestReleaseAppliesWhatWasReviewed(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	all := objects("shop", 12)
+	mustApply(t, h, "east", push(t, vsColl, all...))
+	_ = h.Apply("east", push(t, vsColl, all[:4]...)) // 8 held
+	seen := digestOf(t, h, "east")
+	_ = h.Apply("east", push(t, vsColl, all[:2]...)) // 10 held
+	var changed *HeldChangedError
+	if _, err := h.ReleaseBreaker("east", "op", seen); !errors.As(err, &changed) || changed.Held != 10 {
+		t.Fatalf("a release of what was held before: %v", err)
+	}
+	if n := countNames(sink.names(vsColl)); n != 12 {
+		t.Fatalf("a refused release deleted: %d served", n)
+	}
+	// The cluster publishes 3 of them again: they are no longer held.
+	_ = h.Apply("east", push(t, vsColl, all[:5]...)) // 7 held
+	rel, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east"))
+	if err != nil || rel.Deleted[vsColl] != 7 {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+	if got := sink.names(vsColl); got != strings.Join(all[:5], ",") {
+		t.Errorf("served after the release: %q, want what the cluster publishes", got)
 	}
 }

@@ -1,13 +1,16 @@
 package hub
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 
+	"github.com/meshfed/meshfed/hub/api"
 	meshtls "github.com/meshfed/meshfed/tls"
 )
 
@@ -170,11 +173,17 @@ func (h *Hub) releaseBreaker(w http.ResponseWriter, r *http.Request, operator st
 		http.Error(w, fmt.Errorf("%w: %q", ErrUnknownCluster, name).Error(), http.StatusNotFound)
 		return
 	}
-	rel, err := h.ReleaseBreaker(name, operator)
+	var req api.BreakerReleaseRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		http.Error(w, "the body must be {\"digest\": DIGEST}, the breaker's digest you reviewed: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	rel, err := h.ReleaseBreaker(name, operator, req.Digest)
+	var changed *HeldChangedError
 	switch {
 	case errors.Is(err, ErrUnknownCluster):
 		http.Error(w, err.Error(), http.StatusNotFound)
-	case errors.Is(err, ErrNothingHeld):
+	case errors.Is(err, ErrNothingHeld), errors.As(err, &changed):
 		http.Error(w, err.Error(), http.StatusConflict)
 	case err != nil:
 		http.Error(w, err.Error(), http.StatusInternalServerError)

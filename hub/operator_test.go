@@ -108,7 +108,13 @@ func tripBreaker(t *testing.T, h *Hub, cluster string) {
 // call sends method url with c and returns the status and the body.
 func call(t *testing.T, c *http.Client, method, url string, header http.Header) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
+	return callBody(t, c, method, url, header, "")
+}
+
+// callBody is call with a request body.
+func callBody(t *testing.T, c *http.Client, method, url string, header http.Header, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +252,17 @@ routing: {default: {name: all}}
 		t.Errorf("GET of an action: %d, want 405", status)
 	}
 
-	// The operator: released, named in the answer and the log; then nothing is held.
-	status, body := call(t, alice, http.MethodPost, admin+release, nil)
+	// The operator: without naming what it reviewed, or naming another set, refused;
+	// released with the breaker's digest, named in the answer and the log; then nothing is
+	// held.
+	if status, body := call(t, alice, http.MethodPost, admin+release, nil); status != http.StatusConflict || !strings.Contains(body, "name the held deletions you reviewed") {
+		t.Errorf("a release naming no digest: %d %s", status, body)
+	}
+	if status, body := callBody(t, alice, http.MethodPost, admin+release, nil, `{"digest": "0011223344556677"}`); status != http.StatusConflict ||
+		!strings.Contains(body, "the held deletions changed since they were reviewed (digest 0011223344556677 then") {
+		t.Errorf("a release naming another digest: %d %s", status, body)
+	}
+	status, body := callBody(t, alice, http.MethodPost, admin+release, nil, reviewed(t, h, "east"))
 	var rel api.BreakerRelease
 	if status != http.StatusOK || json.Unmarshal([]byte(body), &rel) != nil || rel.Cluster != "east" || rel.Operator != "spiffe://mesh.test/operator/alice" ||
 		rel.Deleted[vsColl] != 12 {
@@ -306,7 +321,7 @@ func TestOperatorActionsInDevelopmentMode(t *testing.T) {
 		t.Errorf("addressed to another name: %s %s", resp.Status, b)
 	}
 
-	status, body := call(t, c, http.MethodPost, release, nil)
+	status, body := callBody(t, c, http.MethodPost, release, nil, reviewed(t, h, "east"))
 	var rel api.BreakerRelease
 	if status != http.StatusOK || json.Unmarshal([]byte(body), &rel) != nil || rel.Operator != DevOperator || rel.Deleted[vsColl] != 12 {
 		t.Fatalf("release from loopback: %d %s", status, body)
@@ -380,4 +395,16 @@ func TestAdminTLSConfigAndActionPattern(t *testing.T) {
 		}
 	}()
 	h.action(http.NewServeMux(), "/api/clusters/{name}/breaker/release", nil)
+}
+
+// reviewed is a release's body naming what cluster's breaker holds now.
+func reviewed(t *testing.T, h *Hub, cluster string) string {
+	t.Helper()
+	for _, c := range h.Clusters() {
+		if c.Name == cluster && c.Breaker != nil {
+			return `{"digest": "` + c.Breaker.Digest + `"}`
+		}
+	}
+	t.Fatalf("cluster %s's breaker holds nothing", cluster)
+	return ""
 }

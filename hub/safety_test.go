@@ -189,7 +189,7 @@ func TestStoreAccountingNeverDrifts(t *testing.T) {
 			clk.advance(time.Duration(rng.Intn(3)) * time.Second)
 			h.settleBreakers()
 		case 5:
-			_, _ = h.ReleaseBreaker(cl, "op")
+			_, _ = h.ReleaseBreaker(cl, "op", digestOf(t, h, cl))
 		case 6:
 			if rng.Intn(2) == 0 {
 				reload(t, h, strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1))

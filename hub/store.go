@@ -157,13 +157,19 @@ func (s *store) removeCluster(d *clusterData) {
 
 // versions returns the versions, as received, of what the hub holds for cluster in
 // collection: what the cluster's next stream declares so it resumes instead of resending.
+// A name whose deletion the breaker holds is not declared: the cluster deleted it, so a
+// source that has it again (a directory restored while the minion was away) sends it anew,
+// which un-holds it, and the held deletions are judged again against the new session's
+// whole state rather than kept open over objects the cluster publishes.
 func (s *store) versions(cluster, collection string) map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]string{}
 	if d := s.clusters[cluster]; d != nil {
 		for n, r := range d.colls[collection] {
-			out[n] = r.version
+			if !d.held.holds(collection, n) {
+				out[n] = r.version
+			}
 		}
 	}
 	return out
@@ -349,13 +355,19 @@ func (s *store) settle(d *clusterData, now time.Time) map[string]int {
 	return s.deleteHeldLocked(d, d.settleLocked(now))
 }
 
-// release applies every deletion d's breaker holds and closes it.
-func (s *store) release(d *clusterData) (map[string]int, error) {
+// release applies every deletion d's breaker holds and closes it, if what it holds is
+// what the operator reviewed (digest: heldDeletions.digest); a deletion the cluster took
+// back (it published the object again) is no longer held, so a release never deletes what
+// the cluster publishes.
+func (s *store) release(d *clusterData, digest string) (map[string]int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := &d.held
 	if d.removed || b.count == 0 && !b.open {
 		return nil, ErrNothingHeld
+	}
+	if now := b.digest(); digest != now {
+		return nil, &HeldChangedError{Reviewed: digest, Now: now, Held: b.count}
 	}
 	all := map[string][]string{}
 	for c, m := range b.names {

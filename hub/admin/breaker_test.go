@@ -139,12 +139,22 @@ routing: {default: {name: all}}
 		}
 	}
 
+	// A digest other than the breaker's: refused, nothing deleted.
+	if _, err := hubCmd(append(append([]string{"breaker", "release", "--digest", "0011223344556677"}, tls("operator")...), "east")...); err == nil ||
+		!strings.Contains(err.Error(), "409 Conflict: cluster \"east\": the held deletions changed since they were reviewed (digest 0011223344556677 then") {
+		t.Errorf("a release of another set: %v, want 409", err)
+	}
+	digest := h.Clusters()[0].Breaker.Digest
 	out, err = hubCmd(append(append([]string{"breaker", "release"}, tls("operator")...), "east")...)
-	if want := "released cluster east's breaker as spiffe://meshfed.local/operator/alice: 12 held deletion(s) applied\n  " + vsColl + ": 12\n"; err != nil || out != want {
+	if want := "cluster east's breaker holds 12 deletion(s) (digest " + digest + "):\n  " + vsColl + ": shop/vs-0, shop/vs-1, shop/vs-10, shop/vs-11, shop/vs-2, shop/vs-3, shop/vs-4, shop/vs-5, shop/vs-6, shop/vs-7, shop/vs-8, shop/vs-9\n" +
+		"released cluster east's breaker as spiffe://meshfed.local/operator/alice: 12 held deletion(s) applied\n  " + vsColl + ": 12\n"; err != nil || out != want {
 		t.Errorf("release by the operator: %v\n%s\nwant\n%s", err, out, want)
 	}
-	if _, err := hubCmd(append(append([]string{"breaker", "release"}, tls("operator")...), "east")...); err == nil || !strings.Contains(err.Error(), "409 Conflict") {
-		t.Errorf("a second release: %v, want 409 (nothing held)", err)
+	if _, err := hubCmd(append(append([]string{"breaker", "release"}, tls("operator")...), "east")...); err == nil || !strings.Contains(err.Error(), "cluster east's breaker holds no deletions") {
+		t.Errorf("a second release: %v, want nothing held", err)
+	}
+	if _, err := hubCmd(append(append([]string{"breaker", "release", "--digest", digest}, tls("operator")...), "east")...); err == nil || !strings.Contains(err.Error(), "409 Conflict") {
+		t.Errorf("a second release naming the digest: %v, want 409 (nothing held)", err)
 	}
 	if out, err := hubCmd(append(append([]string{"breaker", "release", "-o", "json"}, tls("operator")...), "west")...); err == nil || !strings.HasPrefix(err.Error(), "Error from server (NotFound): ") {
 		t.Errorf("release of an unknown cluster: %v %s, want NotFound", err, out)

@@ -128,6 +128,15 @@ type Breaker struct {
 	// 100 names per collection; Held counts them all).
 	Held    int                 `json:"held"`
 	Pending map[string][]string `json:"pending"`
+	// Digest names the set of held deletions: a release names the digest its operator
+	// reviewed, and is refused if they changed since (BreakerReleaseRequest).
+	Digest string `json:"digest"`
+}
+
+// BreakerReleaseRequest is the body of a breaker's release: the digest of the held
+// deletions the operator reviewed (Breaker.Digest).
+type BreakerReleaseRequest struct {
+	Digest string `json:"digest"`
 }
 
 // BreakerRelease is what releasing a cluster's breaker applied.

@@ -694,3 +694,13 @@ func diff(s, served sinkState) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+// reviewedDigest is the digest of what cluster's breaker holds, as an operator sees it.
+func reviewedDigest(hb *hub.Hub, cluster string) string {
+	for _, c := range hb.Clusters() {
+		if c.Name == cluster && c.Breaker != nil {
+			return c.Breaker.Digest
+		}
+	}
+	return ""
+}

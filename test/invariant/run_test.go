@@ -86,7 +86,8 @@ func (h *harness) do(e event) error {
 		}
 		m.reconfigure(next)
 	case "release":
-		if _, err := h.hub.ReleaseBreaker(e.args[0], "spiffe://test/operator/model"); err == nil {
+		// The operator reviews what the breaker holds, then releases that.
+		if _, err := h.hub.ReleaseBreaker(e.args[0], "spiffe://test/operator/model", reviewedDigest(h.hub, e.args[0])); err == nil {
 			delete(m.removed, e.args[0])
 		}
 	case "advance":

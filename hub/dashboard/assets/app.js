@@ -52,8 +52,10 @@ const $ = (id) => document.getElementById(id);
 
 // api GETs (or, with a method, sends) path and returns its JSON; a refusal throws an
 // Error with the hub's message.
-async function api(path, method) {
-  const res = await fetch(path, { method: method || 'GET', headers: { Accept: 'application/json' }, signal: AbortSignal.timeout(ASK_MS) });
+async function api(path, method, body) {
+  const init = { method: method || 'GET', headers: { Accept: 'application/json' }, signal: AbortSignal.timeout(ASK_MS) };
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const res = await fetch(path, init);
   const text = await res.text();
   if (!res.ok) throw new Error(`${method || 'GET'} ${path}: ${res.status} ${text.trim()}`);
   return JSON.parse(text);
@@ -272,13 +274,14 @@ function breakerCell(c) {
   const what = b.open ? badge(`open: holds ${b.held} deletions`, 'bad') : badge(`holding ${b.held} deletions`, 'warn');
   const out = [what, el('div', { class: 'muted' }, [b.reason, b.since ? `since ${fmtTime(b.since)}` : ''].filter(Boolean).join(', '))];
   // Actions are offered only to a viewer the hub would let act (whoami).
-  if (state.who && state.who.canAct && b.held > 0) out.push(releaseButton(c.name, b.held));
+  if (state.who && state.who.canAct && b.held > 0) out.push(releaseButton(c.name, b.held, b.digest));
   return out;
 }
 
 // releaseButton releases the deletions a cluster's breaker holds: they delete objects
-// from every sink, so the first click only asks for a second one.
-function releaseButton(cluster, held) {
+// from every sink, so the first click only asks for a second one. It names the digest of
+// the deletions shown, so the hub applies those or, if they changed meanwhile, nothing.
+function releaseButton(cluster, held, digest) {
   const key = `release ${cluster}`;
   const armed = () => state.armed && state.armed.key === key && Date.now() < state.armed.until;
   const b = el('button', { type: 'button', class: 'action', 'data-action': 'release' },
@@ -292,7 +295,7 @@ function releaseButton(cluster, held) {
     state.armed = null;
     b.disabled = true;
     try {
-      const r = await api(`/api/clusters/${encodeURIComponent(cluster)}/breaker/release`, 'POST');
+      const r = await api(`/api/clusters/${encodeURIComponent(cluster)}/breaker/release`, 'POST', { digest });
       const n = Object.values(r.deleted || {}).reduce((a, b) => a + b, 0);
       showNotice(`Released ${n} held deletions of cluster ${r.cluster} (by ${r.operator}).`);
     } catch (e) {
