@@ -231,6 +231,9 @@ func (b *heldDeletions) recover(colls map[string]map[string]*resource, g *breake
 type breakerGuard struct {
 	cfg BreakerConfig
 	now time.Time
+	// departed: the cluster left the configuration (departure.go); a re-check holds all it
+	// had whatever the limits, until an operator confirms.
+	departed bool
 }
 
 // breakerVerdict is what the breaker did to one write.
@@ -466,5 +469,8 @@ func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (api.BreakerRelea
 	h.note(api.Event{Kind: api.EventBreaker, Cluster: cluster, Reason: api.ReasonReleased,
 		Message: fmt.Sprintf("released by operator %s: %d held deletions applied", operator, total)})
 	h.breakerRefresh(cs)
+	if cs.isDeparted() && h.forgetDeparted(cluster) {
+		cs.log.Info("departed cluster's removal confirmed by an operator: it is no longer kept", "operator", operator)
+	}
 	return api.BreakerRelease{Cluster: cluster, Operator: operator, Deleted: deleted}, nil
 }

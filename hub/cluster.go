@@ -41,7 +41,8 @@ type clusterState struct {
 	dropped        map[string]bool  // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
 	direct         *Session // Hub.Apply's, which has no stream
-	restored       bool     // what is served of it was read from the state file; its own session has not delivered since
+	departed       *departure // it left the configuration; the hub keeps it (departure.go)
+	restored       bool       // what is served of it was read from the state file; its own session has not delivered since
 	unconfirmed    bool     // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
 	epoch          uint64   // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
 	pushes         *pushLimiter
@@ -115,14 +116,22 @@ func (h *Hub) clusterList() []*clusterState {
 	return out
 }
 
-// ClusterNames returns the configured clusters' names, sorted.
+// ClusterNames returns the configured clusters' names, sorted (not those that left the
+// configuration, which the hub keeps until an operator confirms: departure.go).
 func (h *Hub) ClusterNames() []string {
-	cl := h.clusterList()
-	out := make([]string, len(cl))
-	for i, cs := range cl {
-		out[i] = cs.name
+	var out []string
+	for _, cs := range h.clusterList() {
+		if !cs.isDeparted() {
+			out = append(out, cs.name)
+		}
 	}
 	return out
+}
+
+func (cs *clusterState) isDeparted() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.departed != nil
 }
 
 // ClusterSynced reports whether cluster is configured and a session has delivered its
@@ -194,7 +203,7 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		defer cs.writeMu.Unlock()
 	}
 	cs.mu.Lock()
-	if cs.removed {
+	if cs.removed || cs.departed != nil { // no identity is it any more: a stream that opened late
 		cs.mu.Unlock()
 		info.Close()
 		return
@@ -310,6 +319,10 @@ func (cs *clusterState) status() api.ClusterStatus {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced, Restored: cs.restored}
+	if cs.departed != nil {
+		t := cs.departed.since
+		st.Departed = &t
+	}
 	if r := cs.negotiation.Refused(); len(r) > 0 {
 		st.RefusedCollections = r
 	}
@@ -345,7 +358,7 @@ func (h *Hub) pendingClusters() []string {
 	var out []string
 	for _, cs := range h.clusterList() {
 		cs.mu.Lock()
-		if !cs.synced {
+		if !cs.synced && cs.departed == nil { // a departed cluster has no minion to wait for
 			out = append(out, cs.name)
 		}
 		cs.mu.Unlock()
@@ -413,5 +426,8 @@ func (h *Hub) expireStale() {
 			}
 		}
 		cs.mu.Unlock()
+		if cs.isDeparted() {
+			h.forgetDeparted(cs.name) // if that was all it had
+		}
 	}
 }

@@ -314,6 +314,10 @@ type ClusterConfig struct {
 	Breaker *BreakerConfig `json:"breaker,omitempty"`
 	// Quotas overrides the hub's quota fields it sets for this cluster.
 	Quotas *QuotaConfig `json:"quotas,omitempty"`
+
+	// departed: not in the configuration file; the hub keeps the cluster after it left it
+	// (departure.go). It owns nothing and no identity is it. A file cannot set it.
+	departed bool
 }
 
 // ConflictConfig is the conflict policy.
@@ -477,8 +481,9 @@ type compiled struct {
 	vendorOps   map[string]bool        // Config.Operators; nil: every operator no tenant names
 	tenant      map[string]*tenantComp // by name: each tenant's ownership and routing
 	identity    map[string]string      // identity -> cluster
-	clusters    map[string]ClusterConfig
-	served      []string  // Config.Collections
+	clusters    map[string]ClusterConfig // the file's, and the departed ones the hub keeps
+	departed    map[string]bool          // clusters that left the configuration (departure.go)
+	served      []string                 // Config.Collections
 	ownership   ownership // what the tenants' policies are built from
 	trustDomain string    // SPIFFETrustDomain
 	insecure    bool
@@ -552,8 +557,15 @@ func (c *compiled) collections(cluster string) []string {
 	return c.served
 }
 
-// configured reports whether a cluster is in the configuration.
+// configured reports whether a cluster is in the configuration file (not one that left
+// it, which the hub keeps: known).
 func (c *compiled) configured(cluster string) bool {
+	_, ok := c.clusters[cluster]
+	return ok && !c.departed[cluster]
+}
+
+// known reports whether the hub keeps a cluster: configured, or departed.
+func (c *compiled) known(cluster string) bool {
 	_, ok := c.clusters[cluster]
 	return ok
 }
@@ -677,7 +689,7 @@ func (c *Config) compile() (*compiled, error) {
 	if len(c.allClusters()) == 0 {
 		return nil, errors.New("clusters: at least one cluster is required")
 	}
-	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker, staleAfter: c.SinkStaleAfter.Duration,
+	out := &compiled{identity: map[string]string{}, clusters: map[string]ClusterConfig{}, departed: map[string]bool{}, served: c.Collections, trustDomain: td, insecure: c.Insecure, breaker: c.Breaker, staleAfter: c.SinkStaleAfter.Duration,
 		quotas: c.Quotas, maxMessage: c.MaxMessageSize, ownership: ownership{owners: map[string][]acl.Cluster{}, domainSuffix: c.DomainSuffix}}
 	groups := c.tenantGroups()
 	for _, g := range groups {
@@ -755,6 +767,10 @@ func (out *compiled) addClusters(c *Config, g tenantGroup, kindTable *kinds.Tabl
 			return fmt.Errorf("%s (%q).quotas.maxCollectionBytes: a bound of the hub (all clusters together): set it under quotas", field, cl.Name)
 		}
 		out.clusters[cl.Name] = cl
+		if cl.departed {
+			out.departed[cl.Name] = true
+			continue // no identity is it any more
+		}
 		seen := map[string]bool{}
 		for j, coll := range cl.Collections {
 			if !seenColl[coll] || seen[coll] {

@@ -137,11 +137,11 @@ clusters:
 routing: {default: {name: all}}
 `
 
-// A cluster removed by a reload leaves every part of the hub: its stream is closed, its
-// resources are withdrawn, it is no longer listed, counted in the metrics or waited for,
-// and a write from its old session is refused rather than bringing it back. Added again,
-// it starts empty and unsynced.
-func TestClusterRemovedAndAddedBack(t *testing.T) {
+// A cluster removed by a reload is kept (issue 25, finding 6): its stream is closed and
+// nothing more it writes is taken, but its objects stay served, held by its breaker, until
+// an operator confirms the removal; then it leaves every part of the hub. Added back, it
+// starts empty and unsynced.
+func TestClusterRemovedIsKeptUntilConfirmed(t *testing.T) {
 	h := testHub(t, twoClusters)
 	sink := watchAs(t, h, "", "istiod")
 	east, west := openSession(t, h, "east"), openSession(t, h, "west")
@@ -165,17 +165,23 @@ func TestClusterRemovedAndAddedBack(t *testing.T) {
 	if res.ClosedIngest != 1 || west.closed.Load() != 1 || east.closed.Load() != 0 {
 		t.Errorf("reload %+v: west's stream closed %d times, east's %d", res, west.closed.Load(), east.closed.Load())
 	}
-	if got := clusterNames(h); got != "east" {
-		t.Errorf("clusters after west was removed: %q", got)
+	if got := sink.names(vsColl); got != "pay/b,shop/a" {
+		t.Errorf("served after west was removed: %q, want west's object kept", got)
 	}
-	if got := sink.names(vsColl); got != "shop/a" {
-		t.Errorf("served after west was removed: %q", got)
+	var gone *api.ClusterStatus
+	for _, c := range h.Clusters() {
+		if c.Name == "west" {
+			gone = &c
+		}
+	}
+	if gone == nil || gone.Departed == nil || gone.Breaker == nil || !gone.Breaker.Open || gone.Breaker.Held != 1 || !strings.Contains(gone.Breaker.Reason, "left the configuration") {
+		t.Fatalf("west after its removal: %+v", gone)
 	}
 	if got := strings.Join(h.ClusterNames(), ","); got != "east" || len(h.pendingClusters()) != 0 {
 		t.Errorf("ClusterNames %q, pending %v", got, h.pendingClusters())
 	}
 	err = h.apply(west.s, vsPush(t, "pay/b", "pay/c"))
-	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `cluster "west" is no longer in the hub's configuration`) {
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `cluster "west" left the hub's configuration`) {
 		t.Errorf("a write from the removed cluster's old session: %v", err)
 	}
 	h.sessionClosed(west.s)
@@ -184,8 +190,16 @@ func TestClusterRemovedAndAddedBack(t *testing.T) {
 	if lateClosed.Load() != 1 {
 		t.Error("a stream of the removed cluster opening late was not closed")
 	}
-	if got := sink.names(vsColl); got != "shop/a" {
+	if got := sink.names(vsColl); got != "pay/b,shop/a" {
 		t.Errorf("served after the old session wrote: %q", got)
+	}
+
+	// The operator confirms: west's object is withdrawn and west leaves every part of the hub.
+	if _, err := h.ReleaseBreaker("west", "op", digestOf(t, h, "west")); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.names(vsColl); got != "shop/a" || clusterNames(h) != "east" {
+		t.Errorf("after the confirmed removal: served %q, clusters %q", got, clusterNames(h))
 	}
 	mfs, err := h.Registry().Gather()
 	if err != nil {
@@ -218,6 +232,58 @@ func TestClusterRemovedAndAddedBack(t *testing.T) {
 	if got := sink.names(vsColl); got != "pay/d,shop/a" {
 		t.Errorf("served after west came back: %q", got)
 	}
+}
+
+// A cluster whose entry a reload renames (its identity is the new entry's) keeps what it
+// had under the new name: each object changes version, none is withdrawn; renamed back, the
+// same. One removed by mistake and added back before anyone confirmed has what it had.
+func TestClusterRenamedOrRemovedByMistakeKeepsItsState(t *testing.T) {
+	h := testHub(t, twoClusters)
+	sink := watchAs(t, h, "", "istiod")
+	if err := h.apply(openSession(t, h, "west").s, vsPush(t, "pay/a", "pay/b")); err != nil {
+		t.Fatal(err)
+	}
+	typo := strings.Replace(twoClusters, "{name: west,", "{name: wset,", 1)
+	reload(t, h, typo)
+	if got := servedVersions(sink, vsColl); got != "pay/a=wset/1,pay/b=wset/1" || clusterNames(h) != "east,wset" {
+		t.Fatalf("after the rename: served %s, clusters %s", got, clusterNames(h))
+	}
+	for _, c := range h.Clusters() {
+		if c.Name == "wset" && (!c.Synced || c.Resources[vsColl] != 2 || c.Breaker != nil) {
+			t.Errorf("wset: %+v", c)
+		}
+	}
+	if err := h.apply(openSession(t, h, "wset").s, vsPush(t, "pay/a")); err == nil {
+		t.Log("the renamed cluster's minion deletes pay/b")
+	}
+	reload(t, h, twoClusters)
+	if got := servedVersions(sink, vsColl); got != "pay/a=west/1" || clusterNames(h) != "east,west" {
+		t.Errorf("renamed back: served %s, clusters %s", got, clusterNames(h))
+	}
+
+	// Removed, then added back: nothing withdrawn, the breaker closed.
+	reload(t, h, strings.Replace(twoClusters, "- {name: west, identities: [west], namespaces: [pay], hosts: [\"*\"]}\n", "", 1))
+	if got := servedVersions(sink, vsColl); got != "pay/a=west/1" {
+		t.Errorf("served with west removed: %s", got)
+	}
+	reload(t, h, twoClusters)
+	for _, c := range h.Clusters() {
+		if c.Name == "west" && (c.Departed != nil || c.Breaker != nil || c.Resources[vsColl] != 1) {
+			t.Errorf("west back: %+v", c)
+		}
+	}
+	if got := servedVersions(sink, vsColl); got != "pay/a=west/1" {
+		t.Errorf("served with west back: %s", got)
+	}
+}
+
+// servedVersions lists what a fake sink is served, name=version.
+func servedVersions(fs *fakeSink, coll string) string {
+	var out []string
+	for _, e := range fs.colls[coll].Snapshot().Entries {
+		out = append(out, e.Name+"="+e.Version)
+	}
+	return strings.Join(out, ",")
 }
 
 // A cluster removed during the warm-up is no longer waited for: the hub is ready at once

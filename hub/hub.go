@@ -64,6 +64,10 @@ type Hub struct {
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
 
+	// configMu orders the changes of the live configuration: a reload, and a departed
+	// cluster leaving for good (forgetDeparted). Taken before clustersMu.
+	configMu sync.Mutex
+
 	started time.Time    // set by Run before any stream
 	rounds  atomic.Int64 // of Housekeep
 

@@ -170,6 +170,11 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return nil
 	}
 	cs := s.cs
+	if cs.isDeparted() {
+		// Its objects are kept as they were when it left (departure.go); a session that
+		// outlived its leaving writes nothing.
+		return status.Errorf(codes.PermissionDenied, "cluster %q left the hub's configuration; what it last published is kept until an operator confirms its removal", cs.name)
+	}
 	if s.own && s.sink != nil {
 		cs.writeMu.Lock()
 		defer cs.writeMu.Unlock()
@@ -332,7 +337,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 // error is the NACK a stream would have sent.
 func (h *Hub) Apply(cluster string, c *mcp.Change) error {
 	cs := h.cluster(cluster)
-	if cs == nil {
+	if cs == nil || cs.isDeparted() {
 		return fmt.Errorf("cluster %q is not configured", cluster)
 	}
 	cs.mu.Lock()

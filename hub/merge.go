@@ -18,11 +18,19 @@ type ConflictPolicy struct {
 	// Priority lists cluster names, highest first; when set it decides before creation
 	// time. Clusters not listed come after those listed.
 	Priority []string
+	// Departed are clusters that left the configuration (departure.go): their copies come
+	// after every configured cluster's (a renamed cluster's live copies win over the copies
+	// its old name left).
+	Departed map[string]bool
 }
 
-// less reports whether a wins over b: higher priority, else the older create_time (a
-// resource without one counts as newest), else the lower cluster name.
+// less reports whether a wins over b: a configured cluster's over a departed one's, then
+// higher priority, else the older create_time (a resource without one counts as newest),
+// else the lower cluster name.
 func (p ConflictPolicy) less(a, b *resource) bool {
+	if da, db := p.Departed[a.cluster], p.Departed[b.cluster]; da != db {
+		return db
+	}
 	if len(p.Priority) > 0 {
 		pa, pb := p.rank(a.cluster), p.rank(b.cluster)
 		if pa != pb {
@@ -61,6 +69,9 @@ func (p ConflictPolicy) why(winner *resource) string {
 // explain says why loser is held while winner is served, with the values compared.
 func (p ConflictPolicy) explain(winner, loser *resource) string {
 	w, l := winner.cluster, loser.cluster
+	if p.Departed[l] && !p.Departed[w] {
+		return fmt.Sprintf("cluster %q's copy is served: %q left the configuration, and its copy is kept only where no configured cluster has one", w, l)
+	}
 	if pw, pl := p.rank(w), p.rank(l); len(p.Priority) > 0 && pw != pl {
 		if pl == len(p.Priority) {
 			return fmt.Sprintf("cluster %q's copy is served: conflicts.priority lists %q (at %d) and not %q", w, w, pw, l)

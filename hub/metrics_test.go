@@ -65,7 +65,7 @@ func TestReloadSuccessMetrics(t *testing.T) {
 // Refusals are counted by cluster and reason class, from the events the hub notes; every
 // reason of a configured cluster has a series (0 until its first refusal), as has its
 // connection (0 until its minion connects: one that never does is alerted on); a cluster
-// removed by a reload takes its series with it. rejections_total counts the same refusals
+// removed by a reload takes its series with it once the removal is confirmed. rejections_total counts the same refusals
 // by collection.
 func TestRefusalMetrics(t *testing.T) {
 	h := testHub(t, twoClusters)
@@ -95,8 +95,14 @@ func TestRefusalMetrics(t *testing.T) {
 		t.Errorf("east's rejections of %s: %v, want 2 (the same refusals)", vsColl, n)
 	}
 	reload(t, h, strings.Replace(twoClusters, "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n", "", 1))
+	if n := series(t, h, "meshfed_hub_refusals_total"); n != 2*len(api.RefusalReasons) {
+		t.Errorf("%d refusal series after east left the configuration, want east's kept while its objects are (%d)", n, 2*len(api.RefusalReasons))
+	}
+	if _, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east")); err != nil {
+		t.Fatal(err)
+	}
 	if n := series(t, h, "meshfed_hub_refusals_total"); n != len(api.RefusalReasons) {
-		t.Errorf("%d refusal series after east was removed, want west's alone (%d)", n, len(api.RefusalReasons))
+		t.Errorf("%d refusal series after east's removal was confirmed, want west's alone (%d)", n, len(api.RefusalReasons))
 	}
 }
 

@@ -62,11 +62,12 @@ func (h *Hub) openState() error {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	h.keepDeparted(state, st)
 	for _, name := range names {
 		c := state[name]
 		if h.cluster(name) == nil {
-			st.DropCluster(name)
-			h.log.Info("state file: a cluster no longer configured is forgotten", "cluster", name)
+			st.DropCluster(name) // a cluster of a tenant no longer configured: it left with its tenant
+			h.log.Warn("state file: a cluster whose tenant is no longer configured is forgotten", "cluster", name, "tenant", c.Tenant)
 			continue
 		}
 		n, refused, present := h.restoreCluster(name, c, st)
@@ -88,6 +89,46 @@ func (h *Hub) openState() error {
 	h.expireStale()   // what was already past its TTL is never served
 	h.checkReady()
 	return nil
+}
+
+// keepDeparted keeps the clusters of the state file that the configuration the hub starts
+// with does not have (departure.go): a typo arriving with a restart must not withdraw what
+// the cluster published. Each is kept under the tenant it belonged to; one whose tenant is
+// not configured either has no place, and is not kept.
+func (h *Hub) keepDeparted(state map[string]*durable.Cluster, st *durable.Store) {
+	cur := h.current()
+	keep := departedTenants(cur.comp)
+	var added []string
+	for name, c := range state {
+		if cur.comp.known(name) || len(c.Collections) == 0 {
+			continue
+		}
+		keep[name] = c.Tenant // "" without tenants: at the top level
+		added = append(added, name)
+	}
+	if len(added) == 0 {
+		return
+	}
+	comp, err := withDeparted(cur.cfg, keep).compile()
+	if err != nil { // the file compiled alone: entries that own nothing cannot make it fail
+		h.log.Error("keeping the clusters that left the configuration", "err", err)
+		return
+	}
+	h.live.Store(&live{cfg: cur.cfg, comp: comp})
+	h.store.retenant(comp)
+	h.store.setPolicy(ConflictPolicy{Priority: cur.cfg.Conflicts.Priority, Departed: comp.departed})
+	sort.Strings(added)
+	h.clustersMu.Lock()
+	defer h.clustersMu.Unlock()
+	for _, name := range added {
+		if !comp.known(name) {
+			continue // its tenant is not configured
+		}
+		cs := h.addClusterLocked(name)
+		cs.departed = &departure{since: h.now(), tenant: keep[name], cause: "the configuration the hub started with does not have it"}
+		h.note(api.Event{Kind: api.EventCluster, Tenant: keep[name], Cluster: name, Reason: api.ReasonDeparted,
+			Message: fmt.Sprintf("not in the configuration the hub started with: its last-known objects stay served until an operator confirms (hub breaker release %s) or the configuration has it again", name)})
+	}
 }
 
 // restoreCluster puts c's resources into the store as cluster's, and its last contact,
@@ -138,7 +179,7 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store)
 	if last.IsZero() {
 		last = h.now()
 	}
-	present = c.Synced && h.layer.ClusterRestored(name, c.Epoch)
+	present = c.Synced && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, present, true
@@ -239,7 +280,13 @@ func (h *Hub) saveMetaLocked(cs *clusterState) {
 	}
 	// A restored state the layer has not confirmed yet is still whole: a crash meanwhile
 	// must restore it as such.
-	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced || cs.unconfirmed, Epoch: cs.epoch})
+	tenant := ""
+	if cs.departed != nil {
+		tenant = cs.departed.tenant
+	} else if comp := h.current().comp; !comp.tenants.Single() {
+		tenant = comp.tenants.OfCluster(cs.name)
+	}
+	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced || cs.unconfirmed, Epoch: cs.epoch, Tenant: tenant})
 }
 
 // saveContacts refreshes the last contact of the connected clusters in the state file

@@ -99,7 +99,8 @@ func TestRestoredStalenessCountsFromTheLastContact(t *testing.T) {
 }
 
 // Restored resources go through the current ownership again; a cluster no longer
-// configured is forgotten.
+// configured is kept, served and held, until an operator confirms (issue 25, finding 6: a
+// restart with a typo erased it), and forgotten by the file then.
 func TestRestoreRechecksOwnership(t *testing.T) {
 	dir := t.TempDir()
 	a, stop := persistedHub(t, persistHub, dir, nil)
@@ -109,11 +110,26 @@ func TestRestoreRechecksOwnership(t *testing.T) {
 	next := strings.Replace(persistHub, "namespaces: [shop]", "namespaces: [shop2]", 1)
 	next = strings.Replace(next, "- {name: west, identities: [west], namespaces: [pay], hosts: [\"*\"]}\n", "", 1)
 	b, stop := persistedHub(t, next, dir, nil)
-	if got := servedBytes(t, b, vsColl); len(got) != 0 {
-		t.Errorf("served after the restart: %v", got)
+	if got := servedBytes(t, b, vsColl); len(got) != 1 || got["pay/x"] == nil {
+		t.Errorf("served after the restart: %v, want west's kept", got)
 	}
 	if c := b.Clusters()[0]; !strings.Contains(c.Rejections[vsColl]["shop/a"], "shop") {
 		t.Errorf("east's rejections: %+v", c.Rejections)
+	}
+	if c := b.Clusters()[1]; c.Name != "west" || c.Departed == nil || c.Breaker == nil || !c.Breaker.Open || c.Breaker.Held != 1 {
+		t.Fatalf("west after a restart without it: %+v", c)
+	}
+	stop()
+	// Kept across another restart; confirmed, forgotten.
+	b, stop = persistedHub(t, next, dir, nil)
+	if got := servedBytes(t, b, vsColl); len(got) != 1 {
+		t.Errorf("served after a second restart: %v", got)
+	}
+	if _, err := b.ReleaseBreaker("west", "op", digestOf(t, b, "west")); err != nil {
+		t.Fatal(err)
+	}
+	if got := servedBytes(t, b, vsColl); len(got) != 0 {
+		t.Errorf("served after the confirmed removal: %v", got)
 	}
 	stop()
 	st, err := durable.Open(filepath.Join(dir, StateFile), nil)
@@ -126,7 +142,7 @@ func TestRestoreRechecksOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, ok := state["west"]; ok {
-		t.Error("west, no longer configured, is still in the state file")
+		t.Error("west, whose removal was confirmed, is still in the state file")
 	}
 }
 

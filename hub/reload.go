@@ -73,14 +73,42 @@ func restartFields(old, next *Config) []string {
 // field that shapes listeners or streams (see restartOnly) refuses the whole change.
 func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	var res ReloadResult
-	comp, err := next.compile()
+	nextComp, err := next.compile() // the file's own errors, without the departed clusters the hub adds
 	if err != nil {
 		return res, err
 	}
 	if err := restartOnly(h.cfg, next); err != nil {
 		return res, err
 	}
+	h.configMu.Lock()
+	defer h.configMu.Unlock()
 	old := h.current()
+	// A cluster that leaves the configuration and holds something departs (departure.go):
+	// kept, held, until an operator confirms; one that comes back is configured again.
+	inNext := map[string]bool{}
+	for _, c := range next.allClusters() {
+		inNext[c.Name] = true
+	}
+	keep := map[string]string{}
+	var departing []string
+	renames := map[string]string{} // old name → new: the cluster's identity is the new one's
+	for name := range old.comp.clusters {
+		switch {
+		case inNext[name]:
+		case old.comp.departed[name]:
+			keep[name] = old.comp.tenants.OfCluster(name)
+		case h.cluster(name) == nil || h.store.count(h.cluster(name).data) == 0:
+		case renamedTo(old.comp, nextComp, name) != "":
+			renames[name] = renamedTo(old.comp, nextComp, name)
+		default:
+			keep[name] = old.comp.tenants.OfCluster(name)
+			departing = append(departing, name)
+		}
+	}
+	comp, err := withDeparted(next, keep).compile()
+	if err != nil {
+		return res, err
+	}
 	// Clusters join before the configuration naming them is live, and leave after it is:
 	// an identity the live configuration maps always finds its cluster.
 	h.clustersMu.Lock()
@@ -92,9 +120,25 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	}
 	h.clustersMu.Unlock()
 	h.live.Store(&live{cfg: next, comp: comp})
+	for from, to := range renames {
+		if err := h.rename(h.cluster(from), h.cluster(to)); err != nil {
+			h.log.Error("a renamed cluster's state could not move to its new name; the new name starts empty", "from", from, "to", to, "err", err)
+		}
+	}
 	for name := range old.comp.clusters {
-		if !comp.configured(name) {
-			res.ClosedIngest += h.removeCluster(name)
+		if !comp.known(name) {
+			res.ClosedIngest += h.removeCluster(name) // it left with nothing, or renamed
+		}
+	}
+	now := h.now()
+	for _, name := range departing {
+		if cs := h.cluster(name); cs != nil {
+			res.ClosedIngest += h.depart(cs, departure{since: now, tenant: keep[name], cause: "a configuration reload"})
+		}
+	}
+	for name := range old.comp.departed {
+		if cs := h.cluster(name); cs != nil && comp.configured(name) {
+			h.returned(cs)
 		}
 	}
 	h.store.retenant(comp)
@@ -113,7 +157,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	for name, prev := range old.comp.clusters {
 		c, ok := comp.clusters[name]
 		cs := h.cluster(name)
-		if !ok || cs == nil {
+		if !ok || cs == nil || comp.departed[name] {
 			continue
 		}
 		changed := !reflect.DeepEqual(prev, c) || old.comp.tenants.OfCluster(name) != comp.tenants.OfCluster(name)
@@ -125,11 +169,11 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		}
 	}
 	// Merge, then views, then the sinks routed elsewhere.
-	h.store.setPolicy(ConflictPolicy{Priority: next.Conflicts.Priority})
+	h.store.setPolicy(ConflictPolicy{Priority: next.Conflicts.Priority, Departed: comp.departed})
 	res.Views = h.store.reroute(comp, func(tenant string) bool { return !reflect.DeepEqual(old.comp.sight(tenant), comp.sight(tenant)) })
 	res.ClosedSinks = h.watchers.rerouted(comp)
 	h.log.Info("configuration reloaded", "refused", res.Refused, "held_by_breaker", res.Held, "closed_ingest_streams", res.ClosedIngest,
-		"recomputed_views", res.Views, "closed_sink_streams", res.ClosedSinks)
+		"recomputed_views", res.Views, "closed_sink_streams", res.ClosedSinks, "departed", len(comp.departed))
 	h.checkReady() // a removed cluster is no longer waited for
 	return res, nil
 }
@@ -144,7 +188,7 @@ func (h *Hub) recheckOwnership(comp *compiled, cause string) (map[string][]refus
 	refused, verdicts := h.store.recheck(func(r *resource) error {
 		return comp.check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts})
 	}, func(cluster string) *breakerGuard {
-		return &breakerGuard{cfg: comp.breakerFor(cluster), now: now}
+		return &breakerGuard{cfg: comp.breakerFor(cluster), now: now, departed: comp.departed[cluster]}
 	}, cause)
 	held := 0
 	for cluster, v := range verdicts {

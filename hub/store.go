@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -414,6 +416,59 @@ func (s *store) dropCollections(d *clusterData, collections []string) (int, erro
 	return n, nil
 }
 
+// transfer moves everything from holds into to, which holds nothing (a cluster renamed by a
+// reload: its minion's identity is to's now), re-built as to's (origin and version are the
+// cluster's), with its held deletions; from is left empty. It publishes nothing: the
+// views see the move when the reload recomputes them (the tenant's sight changed with the
+// cluster's name), under the new tenancy, which knows to (the old one would hide to's
+// objects from every view in between). Sinks then see each object change version, none
+// withdrawn.
+func (s *store) transfer(from, to *clusterData) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if from.removed || to.removed || to.objects > 0 {
+		return errors.New("the cluster taking the state is not empty")
+	}
+	for coll, held := range from.colls {
+		moved := to.colls[coll]
+		if moved == nil {
+			moved = map[string]*resource{}
+			to.colls[coll] = moved
+		}
+		var put []*mcp.Entry
+		var removed []string
+		for _, n := range slices.Sorted(maps.Keys(held)) {
+			r := held[n]
+			src := &mcpapi.Resource{}
+			if err := proto.Unmarshal(r.received.Encoded, src); err != nil {
+				return fmt.Errorf("%s: %w", n, err)
+			}
+			nr, err := newResource(to.name, coll, r.received, src, r.hosts)
+			if err != nil {
+				return err
+			}
+			s.dropCandidateLocked(r)
+			s.countLocked(from, r, -1)
+			delete(held, n)
+			moved[n] = nr
+			s.countLocked(to, nr, 1)
+			s.addCandidateLocked(nr)
+			put, removed = append(put, nr.received), append(removed, n)
+		}
+		s.changedLocked(from.name, coll, nil, removed)
+		s.changedLocked(to.name, coll, put, nil)
+	}
+	to.held, from.held = from.held, heldDeletions{}
+	return nil
+}
+
+// count returns how many resources d holds.
+func (s *store) count(d *clusterData) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return d.objects
+}
+
 // counts returns how many resources each cluster holds per collection.
 func (s *store) counts(cluster string) map[string]int {
 	s.mu.Lock()
@@ -477,6 +532,10 @@ func (s *store) recheck(check func(*resource) error, guard func(cluster string) 
 			}
 			v := breakerVerdict{reload: n}
 			switch why := b.exceeded(d.colls, g.cfg); {
+			case g.departed:
+				// Not a share of it: all of it, and a cluster the hub no longer recognises.
+				v.tripped = fmt.Sprintf("%s: the cluster left the configuration; its %d objects stay served until an operator confirms the removal (hub breaker release %s) or the configuration has it again", cause, n, cluster)
+				b.trip(v.tripped, g.now)
 			case b.open:
 			case why != "":
 				v.tripped = cause + " would withdraw what it owns: " + why

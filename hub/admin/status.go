@@ -97,7 +97,10 @@ func clusterTable(w io.Writer, clusters []api.ClusterStatus, wide bool, now time
 		case cl.LastContact != nil:
 			last = age(now.Sub(*cl.LastContact)) + " ago"
 		}
-		if !cl.Connected && cl.Restored {
+		switch {
+		case cl.Departed != nil:
+			connected = "no (removed from the configuration)" // kept, held, until an operator confirms
+		case !cl.Connected && cl.Restored:
 			connected = "no (restored)" // served from the hub's state file since its start
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s", cl.Name, dash(cl.Tenant), connected, yesNo(cl.Connected && cl.Synced), last,

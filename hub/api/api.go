@@ -85,6 +85,11 @@ type ClusterStatus struct {
 	// Conflicts are resources held but not served because another cluster's resource of
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+	// Departed: the cluster left the configuration then (a reload without it, its entry
+	// renamed, a restart with a configuration that lacks it). Its objects stay served, held
+	// by its breaker, until an operator confirms the removal (a release) or the
+	// configuration has it again; its minion is refused meanwhile.
+	Departed *time.Time `json:"departed,omitempty"`
 	// Restored: what the hub serves of the cluster is its last-known state, read from the
 	// state file at the hub's start; no session (its own, or a replica's copy) has
 	// delivered since.

@@ -45,7 +45,7 @@ const (
 	EventRefusal  = "refusal"  // an object a cluster pushed is not served (Reason: RefusalReasons)
 	EventReload   = "reload"   // a new configuration was applied or refused (ReasonApplied, ReasonRefused)
 	EventBreaker  = "breaker"  // a cluster's mass-deletion breaker (ReasonTripped, ReasonClosed, ReasonReleased)
-	EventCluster  = "cluster"  // a cluster's first stream opened or last one closed (ReasonConnected, ReasonDisconnected)
+	EventCluster  = "cluster"  // a cluster's first stream opened or last one closed (ReasonConnected, ReasonDisconnected), or it left the configuration (ReasonDeparted), or took over another's state by a rename (ReasonRenamed)
 	EventTakeover = "takeover" // a second stream of a cluster took over from the first (ReasonTakeover)
 	EventReplica  = "replica"  // a replica joined or left, or a cluster's authority moved (ReasonJoined, ReasonLeft, ReasonAuthority)
 )
@@ -74,6 +74,8 @@ const (
 	ReasonReleased     = "released"
 	ReasonConnected    = "connected"
 	ReasonDisconnected = "disconnected"
+	ReasonDeparted     = "departed"
+	ReasonRenamed      = "renamed"
 	ReasonTakeover     = "takeover"
 	ReasonJoined       = "joined"
 	ReasonLeft         = "left"

@@ -81,11 +81,16 @@ type Meta struct {
 	// Epoch is the epoch of the session that wrote the state, with replicas (0 on a single
 	// hub).
 	Epoch uint64
+	// Tenant is the tenant the cluster belonged to ("" without tenants): a restart whose
+	// configuration no longer has the cluster keeps it under that tenant until an operator
+	// confirms its removal.
+	Tenant string
 }
 
 // metaVersion is the version of Meta's encoding, inside the record itself so that a record
-// can be told from another encoding without trusting the file's marker alone.
-const metaVersion = 1
+// can be told from another encoding without trusting the file's marker alone. Version 1
+// (before Tenant) is still read.
+const metaVersion = 2
 
 // metaRecord is Meta's encoding: JSON, so that a file can be read with bbolt's own tool when
 // something goes wrong; small enough that its cost does not matter (a cluster's metadata is
@@ -95,11 +100,12 @@ type metaRecord struct {
 	LastContact time.Time `json:"lastContact,omitzero"`
 	Synced      bool      `json:"synced,omitempty"`
 	Epoch       uint64    `json:"epoch,omitempty"`
+	Tenant      string    `json:"tenant,omitempty"`
 }
 
 // encodeMeta encodes m; it fails only for a LastContact whose year is outside 0–9999.
 func encodeMeta(m Meta) ([]byte, error) {
-	r := metaRecord{V: metaVersion, Synced: m.Synced, Epoch: m.Epoch}
+	r := metaRecord{V: metaVersion, Synced: m.Synced, Epoch: m.Epoch, Tenant: m.Tenant}
 	if !m.LastContact.IsZero() {
 		r.LastContact = m.LastContact.UTC()
 		if y := r.LastContact.Year(); y < 0 || y > 9999 {
@@ -121,10 +127,13 @@ func decodeMeta(b []byte) (Meta, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return Meta{}, errors.New("the metadata has bytes after its JSON value")
 	}
-	if r.V != metaVersion {
-		return Meta{}, fmt.Errorf("the metadata's encoding is version %d; this hub reads version %d", r.V, metaVersion)
+	switch {
+	case r.V != 1 && r.V != metaVersion:
+		return Meta{}, fmt.Errorf("the metadata's encoding is version %d; this hub reads versions 1 to %d", r.V, metaVersion)
+	case r.V == 1 && r.Tenant != "":
+		return Meta{}, errors.New("the metadata's encoding is version 1, which has no tenant")
 	}
-	m := Meta{Synced: r.Synced, Epoch: r.Epoch}
+	m := Meta{Synced: r.Synced, Epoch: r.Epoch, Tenant: r.Tenant}
 	if !r.LastContact.IsZero() {
 		m.LastContact = r.LastContact.UTC()
 		if y := m.LastContact.Year(); y < 0 || y > 9999 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -34,18 +35,18 @@ func FuzzDecodeFormat(f *testing.F) {
 }
 
 func metaEqual(a, b Meta) bool {
-	return a.LastContact.Equal(b.LastContact) && a.LastContact.Location() == b.LastContact.Location() && a.Synced == b.Synced && a.Epoch == b.Epoch
+	return a.LastContact.Equal(b.LastContact) && a.LastContact.Location() == b.LastContact.Location() && a.Synced == b.Synced && a.Epoch == b.Epoch && a.Tenant == b.Tenant
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	for _, m := range []Meta{{}, {Synced: true}, {Epoch: 1<<64 - 1}, {LastContact: time.Date(2026, 5, 6, 7, 8, 9, 123456789, time.FixedZone("", -7*3600)), Synced: true, Epoch: 42}} {
+	for _, m := range []Meta{{}, {Synced: true}, {Epoch: 1<<64 - 1}, {LastContact: time.Date(2026, 5, 6, 7, 8, 9, 123456789, time.FixedZone("", -7*3600)), Synced: true, Epoch: 42}, {Tenant: "acme"}} {
 		b, err := encodeMeta(m)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(b)
 	}
-	for _, s := range []string{``, `null`, `{}`, `{"v":2}`, `{"v":1} {}`, `{"v":1,"x":1}`, `{"v":1,"epoch":-1}`, `{"v":1,"epoch":1.5}`,
+	for _, s := range []string{``, `null`, `{}`, `{"v":3}`, `{"v":1,"tenant":"acme"}`, `{"v":2,"tenant":"acme"}`, `{"v":1} {}`, `{"v":1,"x":1}`, `{"v":1,"epoch":-1}`, `{"v":1,"epoch":1.5}`,
 		`{"v":1,"lastContact":"0000-01-01T00:00:00+01:00"}`, `{"v":1,"lastContact":"9999-12-31T23:59:59-01:00"}`,
 		`{"v":1,"LASTCONTACT":"2026-01-01T00:00:00Z","v":1}`, `{"v":1,"lastContact":null,"synced":true}`, `{"v":1,"lastContact":"0001-01-01T00:00:00Z"}`} {
 		f.Add([]byte(s))
@@ -75,12 +76,12 @@ func FuzzDecodeMeta(f *testing.F) {
 // FuzzEncodeMeta goes the other way: every Meta the hub can set either encodes and reads
 // back the same, or is refused for a year outside 0–9999.
 func FuzzEncodeMeta(f *testing.F) {
-	f.Add(int64(0), int64(0), false, uint64(0))
-	f.Add(time.Now().Unix(), int64(123456789), true, uint64(7))
-	f.Add(int64(-62167219200), int64(0), false, uint64(1)) // year 0
-	f.Add(int64(253402300800), int64(0), false, uint64(1)) // year 10000
-	f.Fuzz(func(t *testing.T, sec, nsec int64, synced bool, epoch uint64) {
-		m := Meta{LastContact: time.Unix(sec, nsec), Synced: synced, Epoch: epoch}
+	f.Add(int64(0), int64(0), false, uint64(0), "")
+	f.Add(time.Now().Unix(), int64(123456789), true, uint64(7), "acme")
+	f.Add(int64(-62167219200), int64(0), false, uint64(1), "") // year 0
+	f.Add(int64(253402300800), int64(0), false, uint64(1), "") // year 10000
+	f.Fuzz(func(t *testing.T, sec, nsec int64, synced bool, epoch uint64, tenant string) {
+		m := Meta{LastContact: time.Unix(sec, nsec), Synced: synced, Epoch: epoch, Tenant: tenant}
 		if sec == 0 && nsec == 0 {
 			m.LastContact = time.Time{}
 		}
@@ -92,7 +93,7 @@ func FuzzEncodeMeta(f *testing.F) {
 			return
 		}
 		got, err := decodeMeta(enc)
-		if err != nil || !got.LastContact.Equal(m.LastContact) || got.Synced != synced || got.Epoch != epoch {
+		if err != nil || !got.LastContact.Equal(m.LastContact) || got.Synced != synced || got.Epoch != epoch || got.Tenant != tenant && utf8.ValidString(tenant) {
 			t.Fatalf("%+v encodes as %q, which decodes as %+v (%v)", m, enc, got, err)
 		}
 	})

@@ -360,9 +360,9 @@ func TestCorruptFiles(t *testing.T) {
 		}, []string{`cluster "east": metadata`, "JSON"}},
 		{"metadata of a newer encoding", func(t *testing.T) string {
 			path := goodFile(t, 3)
-			edit(t, path, putRaw([]string{"meta", "east"}, []byte(`{"v":2}`)))
+			edit(t, path, putRaw([]string{"meta", "east"}, []byte(`{"v":3}`)))
 			return path
-		}, []string{`cluster "east": metadata`, "version 2"}},
+		}, []string{`cluster "east": metadata`, "version 3"}},
 		{"a newer format", func(t *testing.T) string {
 			path := goodFile(t, 3)
 			edit(t, path, putRaw([]string{"format", "version"}, []byte("2")))

@@ -259,6 +259,7 @@ type minion struct {
 	refused   bool              // the last stream was refused at admission (unknown identity)
 	to        string            // the ingest address of the current stream ("" between streams)
 	refusedBy string            // the ingest address that refused it
+	ended     int               // streams that ended after the hub had answered them (admitted ones)
 	cut       context.CancelFunc
 }
 
@@ -313,6 +314,9 @@ func (m *minion) start(src map[key]int) {
 			cut()
 			_ = conn.Close()
 			m.mu.Lock()
+			if len(m.answered) > 0 {
+				m.ended++
+			}
 			m.to, m.answered = "", map[string]uint64{}
 			m.refused = status.Code(err) == codes.PermissionDenied
 			m.refusedBy = addr
@@ -605,16 +609,17 @@ func (l *ringLog) dump(w io.Writer) {
 	fmt.Fprintln(w, strings.Join(out, "\n"))
 }
 
-// heldNames are the objects the hub says its breakers hold (still served).
-func heldNames(hb *hub.Hub) map[key]bool {
-	out := map[key]bool{}
+// heldNames are the objects the hub says its breakers hold (still served), with the
+// cluster whose breaker holds each.
+func heldNames(hb *hub.Hub) map[key]string {
+	out := map[key]string{}
 	for _, c := range hb.Clusters() {
 		if c.Breaker == nil {
 			continue
 		}
 		for coll, names := range c.Breaker.Pending {
 			for _, n := range names {
-				out[key{shortOf(coll), n}] = true
+				out[key{shortOf(coll), n}] = c.Name
 			}
 		}
 	}
@@ -703,4 +708,15 @@ func reviewedDigest(hb *hub.Hub, cluster string) string {
 		}
 	}
 	return ""
+}
+
+// endedStreams counts the minions' streams that ended after the hub had answered them.
+func (h *harness) endedStreams() int {
+	n := 0
+	for _, m := range h.minions {
+		m.mu.Lock()
+		n += m.ended
+		m.mu.Unlock()
+	}
+	return n
 }

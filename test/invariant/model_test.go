@@ -33,7 +33,8 @@ type removal struct {
 type model struct {
 	src     map[string]map[key]int // minion -> what its source holds: object -> version number
 	saved   map[string]map[key]int // what `empty` put aside
-	pub     map[string]map[key]int // what the minion last delivered to a hub it was admitted by
+	pub     map[string]map[key]int // what the minion last published (its source, while it ran)
+	acc     map[string]map[key]int // what of it the hub could take: delivered while its cluster owned it
 	running map[string]bool
 	cfg     []entry
 	removed map[string]removal // cluster name -> its objects, until an operator confirms
@@ -49,10 +50,10 @@ func baseConfig() []entry {
 }
 
 func newModel() *model {
-	m := &model{src: map[string]map[key]int{}, saved: map[string]map[key]int{}, pub: map[string]map[key]int{},
+	m := &model{src: map[string]map[key]int{}, saved: map[string]map[key]int{}, pub: map[string]map[key]int{}, acc: map[string]map[key]int{},
 		running: map[string]bool{}, cfg: baseConfig(), removed: map[string]removal{}}
 	for _, n := range minionNames {
-		m.src[n], m.pub[n] = map[key]int{}, map[key]int{}
+		m.src[n], m.pub[n], m.acc[n] = map[key]int{}, map[key]int{}, map[key]int{}
 	}
 	return m
 }
@@ -84,17 +85,39 @@ type prot struct {
 	lenient bool
 }
 
+// published records what a running minion publishes once the hub has answered it: all of
+// it, and, if its cluster is configured, what of it the hub took: what the cluster owns, and
+// of the rest the version it took before (a refused update keeps it); what it never took it
+// will take only when the minion sends it again under an ownership that allows it.
+func (m *model) published(id string) {
+	m.pub[id] = maps.Clone(m.src[id])
+	c := m.clusterOf(id)
+	if c == nil {
+		return // refused: the hub keeps what it had
+	}
+	acc := map[key]int{}
+	for k, v := range m.src[id] {
+		switch last, ok := m.acc[id][k]; {
+		case k.namespace() == c.ns:
+			acc[k] = v
+		case ok:
+			acc[k] = last // refused now (not owned): the hub keeps the version it took
+		}
+	}
+	m.acc[id] = acc
+}
+
 // protected returns the objects no sink may lose: those a configured cluster's writer
-// publishes in the namespace it owns, and those a removed cluster had whose writer still
-// publishes them (the hub cannot hear it: unknown, kept).
+// published in the namespace it owns (and owns now), and those a removed cluster had
+// whose writer still publishes them (the hub cannot hear it: unknown, kept).
 func (m *model) protected() map[key]prot {
 	out := map[key]prot{}
-	for id, pub := range m.pub {
+	for id, acc := range m.acc {
 		c := m.clusterOf(id)
 		if c == nil {
 			continue
 		}
-		for k, v := range pub {
+		for k, v := range acc {
 			if k.namespace() == c.ns {
 				out[k] = prot{cluster: c.name, version: v}
 			}
@@ -165,6 +188,23 @@ func (m *model) reconfigure(cfg []entry) {
 	}
 }
 
+// withdrawn forgets what the hub took of a writer and no longer has: objects its cluster
+// no longer owns after a reload and the breaker does not hold (the reload's withdrawal was
+// within the breaker's limits: the operator's decision).
+func (m *model) withdrawn(held map[key]string) {
+	for id, acc := range m.acc {
+		c := m.clusterOf(id)
+		if c == nil {
+			continue
+		}
+		for k := range acc {
+			if _, ok := held[k]; k.namespace() != c.ns && !ok {
+				delete(acc, k)
+			}
+		}
+	}
+}
+
 // sinkState is one sink's collections: object -> served version ("cluster/vN").
 type sinkState map[key]string
 
@@ -189,8 +229,10 @@ func mismatch(s sinkState, prot map[key]prot, allowed map[key]bool) string {
 		switch {
 		case !ok:
 			out = append(out, fmt.Sprintf("missing %s (published by %s at v%d)", k, p.cluster, p.version))
-		case !p.lenient && got != fmt.Sprintf("%s/v%d", p.cluster, p.version):
-			out = append(out, fmt.Sprintf("%s at %s, want %s/v%d", k, got, p.cluster, p.version))
+		case !p.lenient && versionOf(got) != p.version:
+			// The version's cluster part may be another's: a renamed cluster's objects are
+			// served from the copies its old name left until its minion sends them.
+			out = append(out, fmt.Sprintf("%s at %s, want v%d (published by %s)", k, got, p.version, p.cluster))
 		}
 	}
 	for k, v := range s {

@@ -2,7 +2,6 @@ package invariant
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -81,14 +80,33 @@ func (h *harness) do(e event) error {
 		if err != nil {
 			return nil // a configuration the hub refuses to parse (two clusters owning one namespace)
 		}
-		if _, err := h.hub.Reload(cfg); err != nil {
+		ended := h.endedStreams()
+		res, err := h.hub.Reload(cfg)
+		if err != nil {
 			return nil // refused: the running configuration stays
 		}
 		m.reconfigure(next)
+		m.withdrawn(heldNames(h.hub))
+		// The streams the reload closed end at the minions soon after: settling must not
+		// take an answer of one of them for the minion's state. A minion refused before may
+		// be admitted now: only a refusal after the reload settles it.
+		h.waitEnded(ended + res.ClosedIngest)
+		for _, mi := range h.minions {
+			mi.mu.Lock()
+			mi.refused = false
+			mi.mu.Unlock()
+		}
 	case "release":
 		// The operator reviews what the breaker holds, then releases that.
 		if _, err := h.hub.ReleaseBreaker(e.args[0], "spiffe://test/operator/model", reviewedDigest(h.hub, e.args[0])); err == nil {
-			delete(m.removed, e.args[0])
+			if r, ok := m.removed[e.args[0]]; ok {
+				// The removal is confirmed: the hub has nothing of that writer's any more.
+				delete(m.removed, e.args[0])
+				if m.clusterOf(r.identity) == nil {
+					m.acc[r.identity] = map[key]int{}
+				}
+			}
+			m.withdrawn(heldNames(h.hub)) // what a reload's ownership withheld is gone too
 		}
 	case "advance":
 		d, _ := time.ParseDuration(e.args[0])
@@ -124,7 +142,7 @@ func (h *harness) settle(step int) string {
 	}
 	for _, id := range minionNames {
 		if h.m.running[id] {
-			h.m.pub[id] = maps.Clone(h.m.src[id])
+			h.m.published(id)
 		}
 	}
 	if !h.hub.Ready() {
@@ -158,7 +176,10 @@ func (h *harness) settle(step int) string {
 // allowed are the objects a sink may hold beyond the protected ones: deletions the hub's
 // breakers hold, and what removed clusters had.
 func (h *harness) allowed() map[key]bool {
-	out := heldNames(h.hub)
+	out := map[key]bool{}
+	for k := range heldNames(h.hub) {
+		out[k] = true
+	}
 	for _, r := range h.m.removed {
 		for k := range r.keys {
 			out[k] = true
@@ -189,8 +210,8 @@ func (h *harness) check(i int, before map[key]prot) {
 	if h.hub == nil {
 		return
 	}
-	for k := range heldNames(h.hub) {
-		if p, ok := after[k]; ok && !p.lenient {
+	for k, holder := range heldNames(h.hub) {
+		if p, ok := after[k]; ok && !p.lenient && p.cluster == holder {
 			h.fail(i, "the hub holds the deletion of %s, which %s's writer publishes (v%d)", k, p.cluster, p.version)
 		}
 	}
@@ -276,6 +297,14 @@ func (h *harness) waitCommitted() {
 		if !st.Open || st.Failing || st.Queued == 0 || h.diskFull.Load() {
 			return
 		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitEnded waits until the minions have seen n of their admitted streams end.
+func (h *harness) waitEnded(n int) {
+	deadline := time.Now().Add(settleTimeout)
+	for h.endedStreams() < n && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 }
