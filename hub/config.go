@@ -200,7 +200,16 @@ func Defaults() *Config {
 		// keepalive notices: 64 leaves room for both. Every peer speaks at once.
 		// A refusal answered at once lets a looping peer make thousands a second; answered
 		// after a second, each of its loops makes one (make bench, noisy-tenant row).
-		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(mcp.DefaultRefusalDelay)},
+		// Before any of that, a connection costs a file descriptor from accept on, whoever
+		// its peer is: a TLS handshake takes milliseconds, a second or two from a loaded
+		// peer far away, so 10 s closes only connections that are not handshaking; 64 in
+		// handshake at once from one address is more than a node's or a NAT's peers
+		// reconnecting together need (a refused one redials), and bounds a flooding address
+		// to 64 descriptors; 0 derives the cap from the open files limit, keeping a tenth
+		// (at least 64) for the state file, the log and the hub's own dials, and
+		// connlimit.HTTPReserve for the http listener.
+		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(mcp.DefaultRefusalDelay),
+			Connections: ops.Connections{HandshakeTimeout: ops.D(10 * time.Second), MaxPendingPerIP: 64, MaxConnections: 0}},
 		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
 		// seconds covers a source pushing each of its collections in turn.
@@ -244,7 +253,14 @@ func DefaultConfig() *Config {
 // keeps open and how soon a new one must speak. Streams between hub replicas are admitted
 // by the replica layer, one per cluster, and not counted here. Every refusal is counted in
 // meshfed_mcp_streams_rejected_total by its reason.
+//
+// Its Connections fields (handshakeTimeout, maxPendingPerIP, maxConnections) come first in
+// time: they bound the connections of every listener (ingest, serve, serveUnauthenticated,
+// http, adminTLS) before a peer has completed its TLS handshake, when its identity is not
+// known yet (package connlimit). Each connection refused or closed is counted in
+// meshfed_hub_connections_refused_total{listener,reason}.
 type LimitsConfig struct {
+	ops.Connections
 	// StreamsPerSecond per peer; excess streams are refused with ResourceExhausted
 	// (rate_limited).
 	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
@@ -641,6 +657,9 @@ func (c *Config) compile() (*compiled, error) {
 		return nil, err
 	}
 	if err := c.Limits.RefusalDelay.Check("limits.refusalDelay"); err != nil {
+		return nil, err
+	}
+	if err := c.Limits.Connections.Check("limits"); err != nil {
 		return nil, err
 	}
 	if err := c.Backoff.Check("backoff"); err != nil {

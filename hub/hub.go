@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/meshfed/meshfed/hub/durable"
+	"github.com/meshfed/meshfed/internal/connlimit"
 	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp"
@@ -52,6 +53,9 @@ type Hub struct {
 	watchers *watchRegistry
 	source   *mcp.Source
 	creds    credentials.TransportCredentials // server side; nil in development mode
+	// conns bounds every listener's connections before their handshake (limits'
+	// Connections): one for the process, as its open files are.
+	conns    *connlimit.Guard
 	dialCred credentials.TransportCredentials // client side
 	health   *health.Server
 	// serverOnlyCreds authenticate the hub only (serveUnauthenticated).
@@ -141,6 +145,9 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		h.addClusterLocked(c.Name)
 	}
 	if err := h.setupTLS(); err != nil {
+		return nil, err
+	}
+	if h.conns, err = cfg.Limits.Connections.Guard(log, h.metrics.connRefused); err != nil {
 		return nil, err
 	}
 	h.sinks = &sinkRegistry{now: h.now}
@@ -262,9 +269,13 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 			grpc.MaxRecvMsgSize(MaxIngestMessageSize),
 			// istiod pings every 30 s; allow that and more without closing the connection.
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}))
+			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: keepaliveTimeout}))
+		if d := h.cfg.Limits.HandshakeTimeout.Duration; d > 0 {
+			opts = append(opts, grpc.ConnectionTimeout(connlimit.GRPCConnectionTimeout(d)))
+		}
 		if creds != nil {
-			opts = append(opts, grpc.Creds(creds))
+			// The handshake done, the connection is no longer pending at its listener.
+			opts = append(opts, grpc.Creds(connlimit.ServerCredentials(creds)))
 		}
 		return opts
 	}
@@ -306,8 +317,12 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 			_ = l.Close()
 		}
 	}
+	// A plaintext listener (development mode) has no handshake: its connections are
+	// established at their first bytes. gRPC cannot set TCP_USER_TIMEOUT on a guarded
+	// connection, so the listener does, as gRPC would have.
+	grpcConns := connlimit.ListenerOptions{FirstBytes: h.cfg.Insecure, TCPUserTimeout: keepaliveTimeout}
 	for _, l := range servers {
-		lis, err := net.Listen("tcp", l.addr)
+		lis, err := h.conns.Listen(l.name, l.addr, grpcConns)
 		if err != nil {
 			closeAll()
 			return fmt.Errorf("%w: %s: %w", ErrNotStarted, l.name, err)
@@ -337,10 +352,13 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
 	if h.cfg.HTTP != "" {
-		addr, err := ops.ServeHTTP(ctx, g, h.cfg.HTTP, admin)
+		// Probes and Prometheus get through a flood of the other listeners: some of the
+		// process's connections are this listener's alone.
+		lis, err := h.conns.Listen("http", h.cfg.HTTP, connlimit.ListenerOptions{Reserve: connlimit.HTTPReserve})
 		if err != nil {
 			return errors.Join(fmt.Errorf("%w: http: %w", ErrNotStarted, err), h.stop(g))
 		}
+		addr := ops.ServeHTTP(ctx, g, lis, admin)
 		h.mu.Lock()
 		h.httpAddr = addr
 		h.mu.Unlock()
@@ -349,10 +367,11 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	if h.adminTLS != nil {
 		// The same endpoints as http, marked as having come through this listener: only
 		// its requests carry a certificate the handshake verified (see operator).
-		addr, err := ops.ServeHTTPS(ctx, g, h.cfg.AdminTLS, h.viaAdminTLS(admin), h.adminTLS, h.log.With("listener", "adminTLS"))
+		lis, err := h.conns.Listen("adminTLS", h.cfg.AdminTLS, connlimit.ListenerOptions{})
 		if err != nil {
 			return errors.Join(fmt.Errorf("%w: adminTLS: %w", ErrNotStarted, err), h.stop(g))
 		}
+		addr := ops.ServeHTTPS(ctx, g, lis, h.viaAdminTLS(admin), h.adminTLS, h.log.With("listener", "adminTLS"))
 		h.mu.Lock()
 		h.adminAddr = addr
 		h.mu.Unlock()
@@ -362,6 +381,10 @@ func (h *Hub) Run(ctx context.Context) (err error) {
 	h.runDialers(ctx, g)
 	return g.Wait()
 }
+
+// keepaliveTimeout is how long the gRPC listeners wait for a keepalive ping's answer before
+// they close the connection.
+const keepaliveTimeout = 10 * time.Second
 
 // serveServer builds a gRPC server for sinks: ResourceSource and MCP over xDS over the same
 // router, admitted by sc.

@@ -23,6 +23,7 @@ type Metrics struct {
 	certs          *procmetrics.Certificates
 	conflictsGauge prometheus.Gauge
 	tlsRejections  *prometheus.CounterVec
+	connsRefused   *prometheus.CounterVec
 	breakerOpen    *prometheus.GaugeVec
 	deletionsHeld  *prometheus.GaugeVec
 	breakerTrips   *prometheus.CounterVec
@@ -70,7 +71,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Times a cluster's mass-deletion breaker opened."}, []string{"cluster"})
 	m.takeovers = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cluster_takeovers_total",
 		Help: "Streams of a cluster's source that took over from another still open (one writer per cluster: the previous one is closed)."}, []string{"cluster"})
-	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips, m.takeovers)
+	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_refused_total",
+		Help: "Connections refused or closed before their TLS handshake completed, by listener and reason (max_connections: the process's cap; pending_per_ip: the address's connections in handshake; handshake_timeout: not completed in time)."}, []string{"listener", "reason"})
+	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips, m.takeovers, m.connsRefused)
 	const tsub = "tenant"
 	m.tenantStreamsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: tsub, Name: "streams",
 		Help: "Streams a tenant's peers (minions, relays, sinks) have open on the hub's listeners, all together; tenant=\"(none)\": the peers of no tenant."}, []string{"tenant"})
@@ -167,6 +170,14 @@ func (m *Metrics) tlsRejected(reason string) {
 		return
 	}
 	m.tlsRejections.WithLabelValues(reason).Inc()
+}
+
+// connRefused counts a connection refused or closed before its handshake (connlimit).
+func (m *Metrics) connRefused(listener, reason string) {
+	if m == nil {
+		return
+	}
+	m.connsRefused.WithLabelValues(listener, reason).Inc()
 }
 
 func (m *Metrics) breaker(cluster string, open bool, held int) {

@@ -58,6 +58,16 @@ type Config struct {
 	// that hub's state directory: the minion issues itself a certificate for
 	// spiffe://meshfed.local/cluster/<cluster> from the CA there. Never for production.
 	DevCA string `json:"devCA,omitempty"`
+	// Limits bound the connections of the minion's listeners (destinations.listen, the
+	// relay, http) before a peer has completed its handshake.
+	Limits LimitsConfig `json:"limits,omitempty"`
+}
+
+// LimitsConfig bounds the connections of the minion's listeners: its fields are the
+// hub's limits of the same names (package connlimit). Each connection refused or closed is
+// counted in meshfed_minion_connections_refused_total{listener,reason}.
+type LimitsConfig struct {
+	ops.Connections
 }
 
 // SourceConfig is one source of configuration objects.
@@ -131,6 +141,14 @@ func Defaults() *Config {
 			// hammer a hub that is down.
 			Backoff: ops.Backoff{Initial: ops.D(100 * time.Millisecond), Max: ops.D(30 * time.Second)},
 		},
+		// Its listeners face the cluster's network, where any pod can connect. A TLS
+		// handshake takes milliseconds in a cluster: 10 s closes only connections that are
+		// not handshaking. Its peers are a few hub replicas, the cluster's istiods and
+		// Prometheus, each from an address of its own: 16 in handshake at once from one
+		// address is more than any of them needs. 0 derives the cap from the open files
+		// limit, keeping a tenth (at least 64) for the relay's state file, the log and the
+		// minion's own dials, and connlimit.HTTPReserve for the http listener.
+		Limits: LimitsConfig{Connections: ops.Connections{HandshakeTimeout: ops.D(10 * time.Second), MaxPendingPerIP: 16, MaxConnections: 0}},
 	}
 }
 
@@ -259,6 +277,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageSize <= 0 {
 		return fmt.Errorf("maxMessageSize: %d is not positive", c.MaxMessageSize)
+	}
+	if err := c.Limits.Connections.Check("limits"); err != nil {
+		return err
 	}
 	return c.Destinations.Backoff.Check("destinations.backoff")
 }

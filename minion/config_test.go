@@ -63,6 +63,9 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		{"sources:\n  - url: a\n url: b", "not valid YAML"},
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, tls: {certFile: a, caFile: c}}`, "tls: keyFile is required"},
 		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"], backoff: {max: forever}}, insecure: true}`, "destinations.backoff.max"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, insecure: true, limits: {handshakeTimeout: 5}}`, "limits.handshakeTimeout: "},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, insecure: true, limits: {maxPendingPerIP: -1}}`, "limits.maxPendingPerIP: -1 is negative"},
+		{`{sources: [{url: "fs:///x"}], destinations: {push: ["push://h:1"]}, insecure: true, limits: {maxConnections: -1}}`, "limits.maxConnections: -1 is negative"},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -18,6 +18,7 @@ type Metrics struct {
 	reloads       *procmetrics.Reloads
 	resyncs       *prometheus.CounterVec
 	certs         *procmetrics.Certificates
+	connsRefused  *prometheus.CounterVec
 }
 
 // NewMetrics creates the minion's metrics and registers them with reg.
@@ -40,9 +41,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "resyncs_skipped_total",
 		Help: "Informer resyncs of unchanged objects, skipped without converting or publishing, by collection."}, []string{"collection"})
-	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.resyncs)
+	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_refused_total",
+		Help: "Connections refused or closed before their handshake completed, by listener (listen, relay, http) and reason (max_connections: the process's cap; pending_per_ip: the address's connections in handshake; handshake_timeout: not completed in time)."}, []string{"listener", "reason"})
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.resyncs, m.connsRefused)
 	m.certs = procmetrics.Register(reg)
 	return m
+}
+
+// connRefused counts a connection refused or closed before its handshake (connlimit).
+func (m *Metrics) connRefused(listener, reason string) {
+	if m == nil {
+		return
+	}
+	m.connsRefused.WithLabelValues(listener, reason).Inc()
 }
 
 func (m *Metrics) conversion(collection string, err error) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"path/filepath"
 	"reflect"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/meshfed/meshfed/internal/connlimit"
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/internal/procmetrics"
 	"github.com/meshfed/meshfed/mcp"
@@ -55,6 +55,8 @@ type Minion struct {
 	clientCreds credentials.TransportCredentials
 	serverCreds credentials.TransportCredentials
 	tlsOn       bool
+	// conns bounds its listeners' connections before their handshake (limits).
+	conns *connlimit.Guard
 
 	mu    sync.Mutex      // guards the following fields
 	dests map[string]bool // push destination address -> stream up (the hub has requested)
@@ -124,6 +126,9 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		m.clientCreds = credentials.NewTLS(ts.ClientConfig(serverName))
 		m.serverCreds = credentials.NewTLS(ts.ServerConfig())
 		m.tlsOn, identity = true, ts
+	}
+	if m.conns, err = cfg.Limits.Connections.Guard(m.log, m.metrics.connRefused); err != nil {
+		return nil, err
 	}
 	m.cache = mcp.NewCache(colls...)
 	names := make([]string, 0, len(cfg.Sources))
@@ -308,10 +313,12 @@ func (m *Minion) Run(ctx context.Context) error {
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if m.cfg.HTTP != "" {
-		addr, err := ops.ServeHTTP(ctx, g, m.cfg.HTTP, m.httpHandler())
+		// Probes and Prometheus get through a flood of the other listeners.
+		lis, err := m.conns.Listen("http", m.cfg.HTTP, connlimit.ListenerOptions{Reserve: connlimit.HTTPReserve})
 		if err != nil {
 			return fmt.Errorf("http: %w", err)
 		}
+		addr := ops.ServeHTTP(ctx, g, lis, m.httpHandler())
 		m.mu.Lock()
 		m.httpAddr = addr
 		m.mu.Unlock()
@@ -322,7 +329,7 @@ func (m *Minion) Run(ctx context.Context) error {
 	if m.relay != nil {
 		// The relay serves and follows the hub from the start, whether or not this minion's
 		// own sources have synced: istiod depends on it, not on them.
-		g.Go(func() error { return m.relay.serve(ctx) })
+		g.Go(func() error { return m.relay.serve(ctx, m) })
 		addrs, _ := parsePushURL(m.cfg.Destinations.Push[0])
 		g.Go(func() error {
 			mcp.Redial(ctx, addrs, m.clientCreds, backoff(m.cfg.Destinations.Backoff), m.relay.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -372,14 +379,14 @@ func (m *Minion) pendingSources() []string {
 func (m *Minion) runDestinations(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if l := m.cfg.Destinations.Listen; l != "" {
-		lis, err := net.Listen("tcp", l)
+		lis, err := m.conns.Listen("listen", l, grpcListener(m.tlsOn))
 		if err != nil {
 			return fmt.Errorf("destinations.listen: %w", err)
 		}
 		m.mu.Lock()
 		m.listenAddr = lis.Addr().String()
 		m.mu.Unlock()
-		srv := grpc.NewServer(append(mcp.SourceServerOptions(), grpc.Creds(m.serverCreds))...)
+		srv := grpc.NewServer(append(mcp.SourceServerOptions(), m.grpcConnOptions(m.serverCreds, m.tlsOn)...)...)
 		mcp.NewSourceServer(m.src, mcp.ServerConfig{Logger: m.log, Metrics: m.mcpMetrics}).Register(srv)
 		if !m.tlsOn {
 			m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())
@@ -403,6 +410,34 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		})
 	}
 	return g.Wait()
+}
+
+// grpcDefaultKeepaliveTimeout is gRPC's default keepalive timeout, which it sets as
+// TCP_USER_TIMEOUT on the connections of a server that sets none (the minion's).
+const grpcDefaultKeepaliveTimeout = 20 * time.Second
+
+// grpcListener is how a gRPC listener's connections are admitted: a plaintext one
+// (tlsOn false) has no handshake, and its connections are established at their first
+// bytes; gRPC cannot set TCP_USER_TIMEOUT on a guarded connection, so the listener does.
+func grpcListener(tlsOn bool) connlimit.ListenerOptions {
+	return connlimit.ListenerOptions{FirstBytes: !tlsOn, TCPUserTimeout: grpcDefaultKeepaliveTimeout}
+}
+
+// grpcConnOptions are a gRPC listener's server options for its connections: creds (TLS if
+// tlsOn), marking a connection established once its handshake is done, and gRPC's
+// connection timeout, which bounds the HTTP/2 preface after the handshake.
+func (m *Minion) grpcConnOptions(creds credentials.TransportCredentials, tlsOn bool) []grpc.ServerOption {
+	var opts []grpc.ServerOption
+	if d := m.cfg.Limits.HandshakeTimeout.Duration; d > 0 {
+		opts = append(opts, grpc.ConnectionTimeout(connlimit.GRPCConnectionTimeout(d)))
+	}
+	if tlsOn {
+		creds = connlimit.ServerCredentials(creds)
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	return opts
 }
 
 // Status is the minion's state as /status reports it.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -448,18 +447,18 @@ func (r *Relay) load() (whole bool, n int, err error) {
 }
 
 // serve runs the relay's listener until ctx ends: MCP ResourceSource and MCP-over-xDS over
-// what it holds, refused (Unavailable, so istiod retries) until it has a whole state.
-func (r *Relay) serve(ctx context.Context) error {
-	lis, err := net.Listen("tcp", r.cfg.Listen)
+// what it holds, refused (Unavailable, so istiod retries) until it has a whole state. Its
+// connections are admitted by m's bounds.
+func (r *Relay) serve(ctx context.Context, m *Minion) error {
+	tlsOn := r.creds != nil
+	lis, err := m.conns.Listen("relay", r.cfg.Listen, grpcListener(tlsOn))
 	if err != nil {
 		return fmt.Errorf("relay.listen: %w", err)
 	}
 	addr := lis.Addr().String()
 	r.addr.Store(&addr)
-	opts := mcp.SourceServerOptions()
-	if r.creds != nil {
-		opts = append(opts, grpc.Creds(r.creds))
-	} else {
+	opts := append(mcp.SourceServerOptions(), m.grpcConnOptions(r.creds, tlsOn)...)
+	if !tlsOn {
 		r.log.Warn("relay listener is plaintext: keep it pod-local or cluster-internal", "addr", addr)
 	}
 	srv := grpc.NewServer(opts...)

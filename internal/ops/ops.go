@@ -1,7 +1,9 @@
 // Package ops holds what the hub and the minion share as programs, not as protocol: the
-// duration and backoff types of their YAML files and strict YAML decoding, the HTTP server of their
-// operational endpoints (with pprof; over TLS too, for the hub's admin listener), and the
-// watch of their configuration file.
+// duration and backoff types of their YAML files and the connections part of their limits
+// (Connections, for package connlimit), strict YAML decoding, the HTTP server of their
+// operational endpoints (with pprof; over TLS too, for the hub's admin listener; on a
+// listener the caller opens, which marks a connection established once a request begins),
+// and the watch of their configuration file.
 //
 // It knows nothing of MCP, clusters or sinks.
 package ops
@@ -28,6 +30,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"golang.org/x/sync/errgroup"
 	"sigs.k8s.io/yaml"
+
+	"github.com/meshfed/meshfed/internal/connlimit"
 )
 
 // Duration is a time.Duration written as "10s" or "5m" in a configuration file. A value
@@ -98,6 +102,43 @@ func (b *Backoff) Check(field string) error {
 	return nil
 }
 
+// Connections is the part of the hub's and the minion's limits section that bounds the
+// connections of their listeners before a peer has completed its handshake (package
+// connlimit); each program's defaults are its own.
+type Connections struct {
+	// HandshakeTimeout closes a connection that has not completed its TLS handshake (on a
+	// plaintext listener, sent its first bytes) within it. 0: none.
+	HandshakeTimeout Duration `json:"handshakeTimeout"`
+	// MaxPendingPerIP is how many connections one address (an IPv6 /64) may have in
+	// handshake at once, on every listener of the process together; one more is closed as
+	// it is accepted. 0: no cap.
+	MaxPendingPerIP int `json:"maxPendingPerIP,omitempty"`
+	// MaxConnections is how many connections the process holds at once, on every listener
+	// together; one more is closed as it is accepted. 0: derived from the process's limit
+	// of open files (connlimit.Derive).
+	MaxConnections int `json:"maxConnections,omitempty"`
+}
+
+// Check reports, naming it under section, a field that does not parse or is negative.
+func (c *Connections) Check(section string) error {
+	if err := c.HandshakeTimeout.Check(section + ".handshakeTimeout"); err != nil {
+		return err
+	}
+	if c.MaxPendingPerIP < 0 {
+		return fmt.Errorf("%s.maxPendingPerIP: %d is negative (0 is no cap)", section, c.MaxPendingPerIP)
+	}
+	if c.MaxConnections < 0 {
+		return fmt.Errorf("%s.maxConnections: %d is negative (0 is derived from the limit of open files)", section, c.MaxConnections)
+	}
+	return nil
+}
+
+// Guard returns the connection bounds of c (connlimit.New), reporting to log and refused.
+func (c Connections) Guard(log *slog.Logger, refused func(listener, reason string)) (*connlimit.Guard, error) {
+	return connlimit.New(connlimit.Config{HandshakeTimeout: c.HandshakeTimeout.Duration, MaxPendingPerIP: c.MaxPendingPerIP, MaxConnections: c.MaxConnections},
+		connlimit.Options{Logger: log, Refused: refused})
+}
+
 // DecodeStrict decodes YAML (or JSON) into v: duplicate keys and unknown fields are errors.
 func DecodeStrict(data []byte, v any) error {
 	js, err := yaml.YAMLToJSONStrict(data)
@@ -151,14 +192,12 @@ func AddPprof(mux *http.ServeMux) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
-// ServeHTTP listens on addr and serves h in g until ctx ends (then shuts down, giving
-// requests 5 s). It returns the bound address.
-func ServeHTTP(ctx context.Context, g *errgroup.Group, addr string, h http.Handler) (string, error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", err
-	}
-	return serveHTTP(ctx, g, lis, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}), nil
+// ServeHTTP serves h on lis in g until ctx ends (then shuts down, giving requests 5 s), and
+// returns the bound address. lis is the caller's, typically a connlimit Guard's listener:
+// a connection is marked established (connlimit.Established) once its first request has
+// begun, and its headers must then arrive within 10 s.
+func ServeHTTP(ctx context.Context, g *errgroup.Group, lis net.Listener, h http.Handler) string {
+	return serveHTTP(ctx, g, lis, newHTTPServer(h))
 }
 
 // ServeHTTPS is ServeHTTP over TLS with config (which must give the server's certificate,
@@ -167,14 +206,26 @@ func ServeHTTP(ctx context.Context, g *errgroup.Group, addr string, h http.Handl
 // write them to the standard logger, outside the program's structured log): a failed
 // handshake at debug, with the peer's address, as the configuration's verification reports
 // the refusals it makes (meshtls.ServerConfigWith) and the other failures are peers going
-// away mid-handshake (TCP probes); anything else at warn.
-func ServeHTTPS(ctx context.Context, g *errgroup.Group, addr string, h http.Handler, config *tls.Config, log *slog.Logger) (string, error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: stdlog.New(httpErrorLog{log}, "", 0)}
-	return serveHTTP(ctx, g, tls.NewListener(lis, config), srv), nil
+// away mid-handshake (TCP probes); anything else at warn. The TLS handshake, like the
+// headers, must end within 10 s.
+func ServeHTTPS(ctx context.Context, g *errgroup.Group, lis net.Listener, h http.Handler, config *tls.Config, log *slog.Logger) string {
+	srv := newHTTPServer(h)
+	srv.ErrorLog = stdlog.New(httpErrorLog{log}, "", 0)
+	return serveHTTP(ctx, g, tls.NewListener(lis, config), srv)
+}
+
+// newHTTPServer is the operational endpoints' server. ReadHeaderTimeout bounds both a
+// request's headers and, over TLS, the handshake (net/http's handshake deadline is it).
+// IdleTimeout closes a kept-alive connection that has been idle that long (without it one
+// stays open for as long as its peer wants): Prometheus scrapes at most every minute or
+// so and keeps its connection, a probe opens a new one each time.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateActive {
+				connlimit.Established(c)
+			}
+		}}
 }
 
 // httpErrorLog writes an http.Server's error lines to a structured log (see ServeHTTPS).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshfed/meshfed/internal/connlimit"
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	meshtls "github.com/meshfed/meshfed/tls"
@@ -56,18 +58,58 @@ func TestServeHTTP(t *testing.T) {
 	g, gctx := errgroup.WithContext(ctx)
 	mux := http.NewServeMux()
 	AddPprof(mux)
-	addr, err := ServeHTTP(gctx, g, "127.0.0.1:0", mux)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.Get("http://" + addr + "/debug/pprof/")
+	guard, lis := guarded(t, "http")
+	addr := ServeHTTP(gctx, g, lis, mux)
+	c := &http.Client{Transport: &http.Transport{}}
+	resp, err := c.Get("http://" + addr + "/debug/pprof/")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("pprof: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	// The kept-alive connection has begun a request: past its handshake, not pending.
+	if open, pending := guard.Counts(); open != 1 || pending != 0 {
+		t.Errorf("after a request: %d connections open, %d pending; want 1, 0", open, pending)
+	}
+	c.CloseIdleConnections()
 	cancel()
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// guarded is a loopback listener through a Guard of its own.
+func guarded(t *testing.T, name string) (*connlimit.Guard, net.Listener) {
+	t.Helper()
+	g, err := Connections{HandshakeTimeout: D(10 * time.Second), MaxPendingPerIP: 4}.Guard(testlog.New(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := g.Listen(name, "127.0.0.1:0", connlimit.ListenerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, lis
+}
+
+func TestConnectionsCheck(t *testing.T) {
+	var bad Duration
+	if err := bad.UnmarshalJSON([]byte(`"soon"`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		c    Connections
+		want string
+	}{
+		{Connections{HandshakeTimeout: D(time.Second), MaxPendingPerIP: 1, MaxConnections: 1}, ""},
+		{Connections{}, ""},
+		{Connections{HandshakeTimeout: bad}, "limits.handshakeTimeout: "},
+		{Connections{MaxPendingPerIP: -1}, "limits.maxPendingPerIP: -1 is negative"},
+		{Connections{MaxConnections: -1}, "limits.maxConnections: -1 is negative"},
+	} {
+		err := tc.c.Check("limits")
+		if (tc.want == "") != (err == nil) || err != nil && !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.c, err, tc.want)
+		}
 	}
 }
 
@@ -92,10 +134,8 @@ func TestServeHTTPS(t *testing.T) {
 	mux.HandleFunc("/who", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, r.TLS.PeerCertificates[0].URIs[0])
 	})
-	addr, err := ServeHTTPS(gctx, g, "127.0.0.1:0", mux, server.ServerConfig(), slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
+	guard, lis := guarded(t, "adminTLS")
+	addr := ServeHTTPS(gctx, g, lis, mux, server.ServerConfig(), slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	get := func(files meshtls.Files) (string, error) {
 		client, err := meshtls.NewSource(files, testlog.New(t))
 		if err != nil {
@@ -109,6 +149,10 @@ func TestServeHTTPS(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
+		// The connection has completed its TLS handshake and begun a request.
+		if _, pending := guard.Counts(); pending != 0 {
+			t.Errorf("during a request over TLS: %d connections pending, want 0", pending)
+		}
 		return string(b), err
 	}
 	if got, err := get(meshtls.Files{Cert: ccert, Key: ckey, CA: bundle}); err != nil || got != "spiffe://mesh.test/operator/alice" {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -38,6 +39,21 @@ type Hub struct {
 // the test ends; its output goes to log (nil: kept for Tail only).
 func Start(t TB, cfg *hub.Config, dir string, log io.Writer) *Hub {
 	t.Helper()
+	return StartWith(t, cfg, dir, log, Options{})
+}
+
+// Options change how the hub process runs.
+type Options struct {
+	// NoFile, if set, is the process's limit of open files (RLIMIT_NOFILE, soft and hard:
+	// the Go runtime raises the soft limit to the hard one at start): a test of what the
+	// hub does at the limit reaches it with hundreds of connections, not tens of thousands.
+	// It is set by sh's ulimit before it execs the hub, so the hub's PID is the process's.
+	NoFile int
+}
+
+// StartWith is Start with options.
+func StartWith(t TB, cfg *hub.Config, dir string, log io.Writer, o Options) *Hub {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +62,12 @@ func Start(t TB, cfg *hub.Config, dir string, log io.Writer) *Hub {
 		t.Fatal(err)
 	}
 	h := &Hub{addrs: map[string]string{}}
-	h.Proc = testproc.Start(t, testproc.Options{Path: testbin.Own(t, "hub"), Args: []string{"--config", path}, Name: "meshfed-hub", Log: log,
+	bin, args := testbin.Own(t, "hub"), []string{"--config", path}
+	if o.NoFile > 0 {
+		// sh -c SCRIPT ARG0 ARGS...: $0 is the limit, "$@" the hub's command line.
+		bin, args = "sh", append([]string{"-c", `ulimit -n "$0" && exec "$@"`, strconv.Itoa(o.NoFile), bin}, args...)
+	}
+	h.Proc = testproc.Start(t, testproc.Options{Path: bin, Args: args, Name: "meshfed-hub", Log: log,
 		OnLine: func(line string) {
 			if listener, addr, ok := testproc.Listening([]byte(line)); ok {
 				h.mu.Lock()
@@ -59,7 +80,8 @@ func Start(t TB, cfg *hub.Config, dir string, log io.Writer) *Hub {
 
 // File is cfg as a configuration file. A file is read over hub.Defaults(), and
 // hub.Config's encoding leaves out a limit or quota of 0, so a cap cfg turns off (0: none)
-// would come back as the default (64 streams per peer, 20 pushes/s): those are written out.
+// would come back as the default (64 streams per peer, 64 connections in handshake per
+// address, 20 pushes/s): those are written out.
 // The file is read back and its limits and quotas checked against cfg's.
 func File(t TB, cfg *hub.Config) []byte {
 	t.Helper()
@@ -76,7 +98,7 @@ func File(t TB, cfg *hub.Config) []byte {
 	if limits == nil || quotas == nil {
 		t.Fatalf("hub.Config encodes without limits or quotas: %s", b)
 	}
-	limits["maxStreamsPerPeer"] = cfg.Limits.MaxStreamsPerPeer
+	limits["maxStreamsPerPeer"], limits["maxPendingPerIP"] = cfg.Limits.MaxStreamsPerPeer, cfg.Limits.MaxPendingPerIP
 	quotas["maxObjects"], quotas["maxBytes"], quotas["pushesPerSecond"], quotas["pushBurst"] = cfg.Quotas.MaxObjects, cfg.Quotas.MaxBytes, cfg.Quotas.PushesPerSecond, cfg.Quotas.PushBurst
 	if b, err = json.Marshal(m); err != nil {
 		t.Fatal(err)

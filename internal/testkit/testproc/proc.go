@@ -41,6 +41,29 @@ func RSSKiB(pid int) (int, error) {
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
 
+// FDs returns how many files process pid has open (the entries of /proc/PID/fd).
+func FDs(pid int) (int, error) {
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(entries), err
+}
+
+// FDLimit returns process pid's soft limit of open files (RLIMIT_NOFILE, from
+// /proc/PID/limits).
+func FDLimit(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Max open files"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				return strconv.Atoi(f[0])
+			}
+		}
+	}
+	return 0, fmt.Errorf("no open files limit in /proc/%d/limits", pid)
+}
+
 // Listening reads one line of a hub process's JSON log: the listener's name and bound
 // address when it is the line the hub logs once a listener is bound ("listening"), ok false
 // for any other line. Tests learn the addresses of a hub started on 127.0.0.1:0 this way.

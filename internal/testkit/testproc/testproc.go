@@ -4,7 +4,8 @@
 // addresses it bound) and kept for failure messages (Tail). The process is killed with
 // SIGKILL, and awaited, by Kill or by the test's cleanup, whichever comes first; it is
 // also SIGKILLed if the test binary dies (Pdeathsig). CPU and RSSKiB read a process's
-// figures from /proc (the benchmarks'); Listening reads a hub's "listening" log line.
+// figures from /proc (the benchmarks'), FDs and FDLimit its open files and their limit (the
+// connection-flood test's); Listening reads a hub's "listening" log line.
 //
 // It is test infrastructure: nothing in the product imports it.
 package testproc

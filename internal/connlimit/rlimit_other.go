@@ -1,0 +1,6 @@
+//go:build !unix
+
+package connlimit
+
+// fileLimit is unknown off Unix: MaxConnections must be set.
+func fileLimit() int { return 0 }
