@@ -258,8 +258,8 @@ func (l *listener) admit(c net.Conn) net.Conn {
 	}
 	g.mu.Unlock()
 	if reason != "" {
+		g.report(l.name, reason, key) // counted before the peer can see the close
 		_ = c.Close()
-		g.report(l.name, reason, key)
 		return nil
 	}
 	if l.userTimeout > 0 {
