@@ -40,11 +40,11 @@ type clusterState struct {
 	negotiation    *mcp.Negotiation // what its minion (or stock source) refused to serve; new with its configuration
 	dropped        map[string]bool  // collections dropped for staleness since the disconnect
 	rejections     map[string]map[string]string
-	direct         *Session // Hub.Apply's, which has no stream
+	direct         *Session   // Hub.Apply's, which has no stream
 	departed       *departure // it left the configuration; the hub keeps it (departure.go)
 	restored       bool       // what is served of it was read from the state file; its own session has not delivered since
-	unconfirmed    bool     // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
-	epoch          uint64   // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
+	unconfirmed    bool       // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
+	epoch          uint64     // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
 	pushes         *pushLimiter
 	pushesFor      QuotaConfig // the quotas pushes was made for
 }

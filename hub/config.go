@@ -494,14 +494,14 @@ func (c *Config) SPIFFETrustDomain() string {
 // compiled is what a valid Config means: built by compile, never changed after.
 type compiled struct {
 	tenants     *tenancy.Set
-	vendorOps   map[string]bool        // Config.Operators; nil: every operator no tenant names
-	tenant      map[string]*tenantComp // by name: each tenant's ownership and routing
-	identity    map[string]string      // identity -> cluster
+	vendorOps   map[string]bool          // Config.Operators; nil: every operator no tenant names
+	tenant      map[string]*tenantComp   // by name: each tenant's ownership and routing
+	identity    map[string]string        // identity -> cluster
 	clusters    map[string]ClusterConfig // the file's, and the departed ones the hub keeps
 	departed    map[string]bool          // clusters that left the configuration (departure.go)
 	served      []string                 // Config.Collections
-	ownership   ownership // what the tenants' policies are built from
-	trustDomain string    // SPIFFETrustDomain
+	ownership   ownership                // what the tenants' policies are built from
+	trustDomain string                   // SPIFFETrustDomain
 	insecure    bool
 	kindTable   *kinds.Table // the built-in and configured kinds
 	breaker     BreakerConfig
