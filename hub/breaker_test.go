@@ -395,3 +395,55 @@ func TestReleaseAppliesWhatWasReviewed(t *testing.T) {
 		t.Errorf("served after the release: %q, want what the cluster publishes", got)
 	}
 }
+
+// Two live streams of one cluster's source (two minions with one certificate): the second
+// takes over once, and while it is open a third that comes within takeoverWindow is
+// refused, counted and alerted on, instead of each replacing the cluster's state in turn
+// (issue 25, finding 2: 19 takeovers in 40 s). Once the writer's stream ends, the next
+// stream takes over; the alert clears after a window without a refusal.
+func TestCompetingWritersAreDamped(t *testing.T) {
+	h := testHub(t, breakerHub)
+	clk := withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	first := ownSession(t, h, "east", "10.0.0.1:1")
+	if err := h.apply(first.s, push(t, vsColl, "shop/a", "shop/b")); err != nil {
+		t.Fatal(err)
+	}
+	second := ownSession(t, h, "east", "10.0.0.2:1")
+	if err := h.apply(second.s, push(t, vsColl, "shop/x")); err != nil {
+		t.Fatal(err)
+	}
+	h.sessionClosed(first.s)
+	// The first minion reconnects while the second's stream is open.
+	again := ownSession(t, h, "east", "10.0.0.1:2")
+	err := h.apply(again.s, push(t, vsColl, "shop/a", "shop/b"))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "is written by another live stream (from 10.0.0.2:1") {
+		t.Fatalf("a competing stream's push: %v", err)
+	}
+	if second.closed.Load() != 0 || sink.names(vsColl) != "shop/x" {
+		t.Fatalf("the writer lost the cluster: closed %d, served %q", second.closed.Load(), sink.names(vsColl))
+	}
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_takeovers_total", map[string]string{"cluster": "east"}); v != 1 {
+		t.Errorf("takeovers = %v, want 1", v)
+	}
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_competing_writers", map[string]string{"cluster": "east"}); v != 1 {
+		t.Errorf("competing_writers = %v, want 1", v)
+	}
+	// A minion's stream (it resumes) is refused when it opens.
+	if _, err := h.newMinionSink(nil, mcp.NewStreamInfo("east", nil, nil)); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a minion's competing stream: %v, want refused", err)
+	}
+	// The writer goes away: the other takes over at its next push.
+	h.sessionClosed(second.s)
+	if err := h.apply(again.s, push(t, vsColl, "shop/a", "shop/b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := sink.names(vsColl); got != "shop/a,shop/b" {
+		t.Errorf("served after the writer left: %q", got)
+	}
+	clk.advance(takeoverWindow)
+	h.Housekeep()
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_competing_writers", map[string]string{"cluster": "east"}); v != 0 {
+		t.Errorf("competing_writers after a quiet window = %v, want 0", v)
+	}
+}

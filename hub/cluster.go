@@ -8,9 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/internal/lograte"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -47,6 +50,63 @@ type clusterState struct {
 	epoch          uint64     // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
 	pushes         *pushLimiter
 	pushesFor      QuotaConfig // the quotas pushes was made for
+	lastTakeover   time.Time   // when a stream of its source last took over from another
+	competing      time.Time   // when a stream was last refused for competing with its writer
+}
+
+// takeoverWindow is how long after a takeover a cluster's writer keeps the cluster while its
+// stream is open: a stream of the cluster's source that comes meanwhile is refused, not let
+// take over. A restarted minion (its old stream not yet seen dead) takes over at once, as
+// long as the cluster has not just changed hands; two live minions with one certificate
+// (a copied Secret) change hands once and then the newer one keeps it, with the other
+// refused and the conflict alerted on, instead of each replacing the cluster's whole state
+// at every sink in turn (issue 25, finding 2: 19 takeovers in 40 s). A restart within it
+// waits for keepalive to close the dead stream (about 40 s).
+const takeoverWindow = 10 * time.Minute
+
+// competingLocked says why s may not take over its cluster now ("" if it may): the writer's
+// stream is open and took over less than takeoverWindow ago. The caller holds cs.mu.
+func (h *Hub) competingLocked(cs *clusterState, s *Session) string {
+	w := cs.writer
+	if w == nil || w == s || w.info == nil || cs.lastTakeover.IsZero() || h.now().Sub(cs.lastTakeover) >= takeoverWindow {
+		return ""
+	}
+	return fmt.Sprintf("cluster %q is written by another live stream (from %s, identity %s), which took over %s ago: two minions with one identity? The hub keeps one writer and refuses the other until that stream ends",
+		cs.name, w.info.Peer, w.info.Identity, h.now().Sub(cs.lastTakeover).Round(time.Second))
+}
+
+// refuseCompetingLocked records a stream refused for competing with the cluster's writer
+// (counted, the gauge raised until takeoverWindow passes without one, an event, a log line
+// per peer per interval) and returns the refusal. The caller holds cs.mu.
+func (h *Hub) refuseCompetingLocked(cs *clusterState, peer, identity, why string) error {
+	cs.competing = h.now()
+	h.metrics.competing(cs.name, true)
+	if ok, suppressed := competingLogs.Allow(cs.name + "\x00" + peer); ok {
+		cs.log.Warn("a stream competing with the cluster's writer refused (two minions with one identity?)", "peer", peer, "identity", identity, "suppressed", suppressed)
+		h.note(api.Event{Kind: api.EventTakeover, Cluster: cs.name, Reason: api.ReasonCompeting, Message: why})
+	}
+	return mcp.WithRetry(status.New(codes.FailedPrecondition, why), competingRetry)
+}
+
+// competingRetry is how soon a refused competing stream is told to retry: it takes over
+// once the writer's stream has ended.
+const competingRetry = 10 * time.Second
+
+// competingLogs keeps one log line and event per cluster and refused peer per interval.
+var competingLogs = lograte.New(lograte.DefaultInterval, nil)
+
+// clearCompeting lowers the competing-writers gauge of clusters that refused no stream
+// for takeoverWindow.
+func (h *Hub) clearCompeting() {
+	now := h.now()
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		if !cs.competing.IsZero() && now.Sub(cs.competing) >= takeoverWindow && !cs.removed {
+			cs.competing = time.Time{}
+			h.metrics.competing(cs.name, false)
+		}
+		cs.mu.Unlock()
+	}
 }
 
 // pacer returns the cluster's push limiter for its quotas q (a reload that changes them
@@ -208,10 +268,17 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		info.Close()
 		return
 	}
-	s.info = info
 	// A stream the hub dials (poll) declares the hub's versions with its first request,
 	// before the peer's header says whether it resumes: it takes over here too.
-	if s.own && (info.PeerResumes() || info.Transport == "client") {
+	takesOver := s.own && (info.PeerResumes() || info.Transport == "client")
+	if why := h.competingLocked(cs, s); takesOver && why != "" {
+		_ = h.refuseCompetingLocked(cs, info.Peer, info.Identity, why) // admission refused most; this one raced it
+		cs.mu.Unlock()
+		info.Close()
+		return
+	}
+	s.info = info
+	if takesOver {
 		defer h.takeOverLocked(s)()
 	}
 	cs.sessions[s] = true
@@ -271,6 +338,7 @@ func (h *Hub) takeOverLocked(s *Session) func() {
 		return func() {}
 	}
 	old.superseded = true
+	cs.lastTakeover = h.now()
 	cs.log.Warn("a second stream of the cluster took over: the previous one is closed and its state replaced by the new stream's as a whole (two minions, or one restarted before its old stream was seen dead)",
 		"new_peer", s.info.Peer, "new_identity", s.info.Identity, "previous_peer", old.info.Peer)
 	h.metrics.takeover(cs.name)

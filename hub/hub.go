@@ -444,6 +444,7 @@ func (h *Hub) Housekeep() {
 		h.saveContacts()
 	}
 	h.settleBreakers()
+	h.clearCompeting()
 }
 
 // runDialers starts the streams the hub opens itself: pushes to sinks that only listen (once

@@ -96,6 +96,13 @@ func (h *Hub) newMinionSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink,
 	if cs == nil {
 		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", info.Identity)
 	}
+	cs.mu.Lock()
+	if why := h.competingLocked(cs, nil); why != "" {
+		err := h.refuseCompetingLocked(cs, info.Peer, info.Identity, why)
+		cs.mu.Unlock()
+		return nil, err
+	}
+	cs.mu.Unlock()
 	s, err := h.newSession(cs, SessionOptions{Node: minionNode}, &peerSource{fullState: comp.clusters[name].FullState})
 	if err != nil {
 		return nil, err
@@ -182,6 +189,11 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		superseded := s.superseded
 		closeOld := func() {}
 		if !superseded && cs.writer != s && s.info != nil {
+			if why := h.competingLocked(cs, s); why != "" {
+				err := h.refuseCompetingLocked(cs, s.info.Peer, s.info.Identity, why)
+				cs.mu.Unlock()
+				return err
+			}
 			closeOld = h.takeOverLocked(s) // a peer that does not resume, at its first push
 		}
 		cs.mu.Unlock()

@@ -235,7 +235,7 @@ func (a *admission) decide(st grpc.ServerStream, role string) (*admittedStream, 
 	if !a.limiter(key).AllowN(a.now(), 1) {
 		a.refused(slog.LevelWarn, rejectRateLimited, key, "refusing stream: peer opens streams too fast",
 			logPeer, addr, logIdentity, identity, logRole, role, "limit_per_s", a.cfg.StreamRate, "burst", a.cfg.StreamBurst)
-		return nil, withRetry(status.Newf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
+		return nil, WithRetry(status.Newf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
 			ErrRateLimited, key, a.cfg.StreamRate, a.cfg.StreamBurst), time.Duration(float64(time.Second)/a.cfg.StreamRate))
 	}
 	if a.cfg.Ready != nil {
@@ -249,7 +249,7 @@ func (a *admission) decide(st grpc.ServerStream, role string) (*admittedStream, 
 			if wait > 0 {
 				msg = fmt.Sprintf("%s; retry in %v", why, wait)
 			}
-			return nil, withRetry(status.New(codes.Unavailable, msg), wait)
+			return nil, WithRetry(status.New(codes.Unavailable, msg), wait)
 		}
 	}
 	if n, ok := a.acquire(key); !ok {
@@ -296,8 +296,9 @@ func (a *admission) refused(level slog.Level, reason, key, msg string, attrs ...
 	a.cfg.Logger.Log(context.Background(), level, msg, append(attrs, "reason", reason, "suppressed", suppressed)...)
 }
 
-// withRetry adds a google.rpc.RetryInfo of wait to s, if wait is positive.
-func withRetry(s *status.Status, wait time.Duration) error {
+// WithRetry returns s as an error with a google.rpc.RetryInfo of wait, if wait is positive:
+// a refusal that tells the peer when to come back.
+func WithRetry(s *status.Status, wait time.Duration) error {
 	if wait <= 0 {
 		return s.Err()
 	}
@@ -510,7 +511,7 @@ func (g *PeerGroups) admit(info *StreamInfo, m *Metrics) (leave func(), err erro
 		if !pg.lim.AllowN(now, 1) {
 			g.mu.Unlock()
 			g.refused(m, group, "rate_limited", info, "limit_per_s", lim.StreamsPerSecond, "burst", burst)
-			return nil, withRetry(status.Newf(codes.ResourceExhausted, "too many new streams from the peers of %s %q: at most %g per second, burst %d, all of them together",
+			return nil, WithRetry(status.Newf(codes.ResourceExhausted, "too many new streams from the peers of %s %q: at most %g per second, burst %d, all of them together",
 				g.cfg.Kind, group, lim.StreamsPerSecond, burst), time.Duration(float64(time.Second)/lim.StreamsPerSecond))
 		}
 	} else {

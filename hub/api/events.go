@@ -46,7 +46,7 @@ const (
 	EventReload   = "reload"   // a new configuration was applied or refused (ReasonApplied, ReasonRefused)
 	EventBreaker  = "breaker"  // a cluster's mass-deletion breaker (ReasonTripped, ReasonClosed, ReasonReleased)
 	EventCluster  = "cluster"  // a cluster's first stream opened or last one closed (ReasonConnected, ReasonDisconnected), or it left the configuration (ReasonDeparted), or took over another's state by a rename (ReasonRenamed)
-	EventTakeover = "takeover" // a second stream of a cluster took over from the first (ReasonTakeover)
+	EventTakeover = "takeover" // a second stream of a cluster took over from the first (ReasonTakeover), or was refused for competing with a writer that just took over (ReasonCompeting)
 	EventReplica  = "replica"  // a replica joined or left, or a cluster's authority moved (ReasonJoined, ReasonLeft, ReasonAuthority)
 )
 
@@ -77,6 +77,7 @@ const (
 	ReasonDeparted     = "departed"
 	ReasonRenamed      = "renamed"
 	ReasonTakeover     = "takeover"
+	ReasonCompeting    = "competing"
 	ReasonJoined       = "joined"
 	ReasonLeft         = "left"
 	ReasonAuthority    = "authority"
