@@ -365,15 +365,25 @@ func LoadConfig(path string) (*Config, error) { return ops.LoadFile(path, ParseC
 // ParseConfig reads a configuration on top of Defaults, stores the collections it names as
 // collection names (canonicalCollections), and validates it. Unknown fields are errors.
 func ParseConfig(data []byte) (*Config, error) {
+	cfg, err := decodeConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// decodeConfig is ParseConfig but the validation: a dry run validates its candidate once,
+// by compiling it under the request's deadline.
+func decodeConfig(data []byte) (*Config, error) {
 	cfg := Defaults()
 	cfg.Collections = nil // the file's, else every kind: only the file says which kinds exist
 	if err := ops.DecodeStrict(data, cfg); err != nil {
 		return nil, err
 	}
 	if err := cfg.canonicalCollections(); err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return cfg, nil

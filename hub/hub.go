@@ -58,6 +58,11 @@ type Hub struct {
 	// verified as the gRPC listeners verify, so that its requests carry a verified
 	// certificate for operator to read the identity from.
 	adminTLS *tls.Config
+	// dryRuns holds a token per dry run of a candidate being evaluated (dryRunSlots at
+	// most), each for at most dryRunTimeout (dryrun.go; nanoseconds, atomic: a test
+	// shortens it on a running hub).
+	dryRuns       chan struct{}
+	dryRunTimeout atomic.Int64
 
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
@@ -113,7 +118,8 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 	}
 	h := &Hub{cfg: cfg, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg), layer: layer, now: time.Now,
 		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer(),
-		layerChanged: layerChanged}
+		layerChanged: layerChanged, dryRuns: make(chan struct{}, dryRunSlots)}
+	h.dryRunTimeout.Store(int64(dryRunTimeout))
 	h.live.Store(&live{cfg: cfg, comp: comp})
 	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
 	if cfg.Persist || layerChanged != nil {
