@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,9 +24,10 @@ import (
 // or loopback in development mode; logged with who asked), and the vendor's only: the
 // candidate is the whole hub's file (listeners, TLS, every tenant), which only the vendor
 // applies, and evaluating it compiles a whole configuration on the hub's CPU. So it is
-// bounded: a body of at most api.MaxCandidateBytes (413), one evaluated at a time (429 with
-// Retry-After), each within dryRunTimeout (503), and stopped when its request ends (the
-// client gone): compile and the store's walk watch the request's context.
+// bounded: a body of at most api.MaxCandidateBytes (413), one evaluated at a time and each
+// followed by a pause as long as it took (429 with Retry-After meanwhile), each within
+// dryRunTimeout (503), and stopped when its request ends (the client gone): compile and the
+// store's walk watch the request's context.
 
 // dryRunTimeout is the longest a dry run of a candidate may take, reading its body
 // included. A candidate of api.MaxCandidateBytes compiles in well under a second (the
@@ -35,7 +37,8 @@ const dryRunTimeout = 5 * time.Second
 
 // dryRunSlots is how many dry runs of a candidate are evaluated at once: one takes one CPU
 // while it lasts, and the hub's writers need the others (the machine the hub is measured on
-// has two).
+// has two). After an evaluation its slot stays taken for as long again, so that clients
+// looping dry runs take at most half of one CPU however many they are.
 const dryRunSlots = 1
 
 // statusClientClosed records, in the action's log line, a dry run stopped because its client
@@ -161,16 +164,34 @@ func (h *Hub) dryRunCandidate(w http.ResponseWriter, r *http.Request, operator s
 		return
 	}
 	tooLarge := fmt.Sprintf("candidate configuration: larger than %d bytes (1 MiB), the most a dry run takes (and a Kubernetes ConfigMap holds)", api.MaxCandidateBytes)
+	// When the evaluation began (the body read): the slot's pause is measured from it.
+	var evaluated time.Time
 	if r.ContentLength > api.MaxCandidateBytes { // said before it is sent: refused unread
 		http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
 		return
 	}
 	select {
 	case h.dryRuns <- struct{}{}:
-		defer func() { <-h.dryRuns }()
+		// The evaluation (decoding included) is what takes a CPU: once it has begun, the
+		// slot is released as long after it ends as it took, whatever its outcome.
+		h.dryRunFreeAt.Store(0)
+		defer func() {
+			if evaluated.IsZero() {
+				<-h.dryRuns
+				return
+			}
+			took := time.Since(evaluated)
+			h.dryRunFreeAt.Store(time.Now().Add(took).UnixNano())
+			time.AfterFunc(took, func() { <-h.dryRuns })
+		}()
 	default:
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, fmt.Sprintf("another dry run of a candidate is being evaluated: the hub evaluates %d at a time (each for up to %v); retry after 1s", dryRunSlots, timeout), http.StatusTooManyRequests)
+		// While one is evaluated, when it ends is unknown: a second; after, when it is free.
+		retry := time.Second
+		if at := h.dryRunFreeAt.Load(); at != 0 {
+			retry = max(time.Until(time.Unix(0, at)).Round(time.Second), time.Second)
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(retry/time.Second)))
+		http.Error(w, fmt.Sprintf("another dry run of a candidate is being evaluated, or was just: the hub evaluates %d at a time (each for up to %v), and then waits as long as it took; retry after %v", dryRunSlots, timeout, retry), http.StatusTooManyRequests)
 		return
 	}
 	// The slot is held from here: the body must arrive, and the dry run end, in time.
@@ -194,6 +215,7 @@ func (h *Hub) dryRunCandidate(w http.ResponseWriter, r *http.Request, operator s
 	// Read: from here the server watches the connection for the client going away (which
 	// ends r's context), and must not take a read deadline for that.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	evaluated = time.Now()
 	// Decoded without validating: compileCtx below validates it, once, under the deadline.
 	candidate, err := decodeConfig(body)
 	if err != nil {

@@ -58,11 +58,12 @@ type Hub struct {
 	// verified as the gRPC listeners verify, so that its requests carry a verified
 	// certificate for operator to read the identity from.
 	adminTLS *tls.Config
-	// dryRuns holds a token per dry run of a candidate being evaluated (dryRunSlots at
-	// most), each for at most dryRunTimeout (dryrun.go; nanoseconds, atomic: a test
-	// shortens it on a running hub).
+	// dryRuns holds a token per dry run of a candidate being evaluated, or cooling down
+	// after it (dryRunSlots at most), each evaluated for at most dryRunTimeout (dryrun.go;
+	// nanoseconds, atomic: a test shortens it on a running hub).
 	dryRuns       chan struct{}
 	dryRunTimeout atomic.Int64
+	dryRunFreeAt  atomic.Int64 // when the slot taken last is released (unix ns; 0: while evaluated)
 
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
