@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,10 +23,10 @@ import (
 // or loopback in development mode; logged with who asked), and the vendor's only: the
 // candidate is the whole hub's file (listeners, TLS, every tenant), which only the vendor
 // applies, and evaluating it compiles a whole configuration on the hub's CPU. So it is
-// bounded: a body of at most api.MaxCandidateBytes (413), one evaluated at a time and each
-// followed by a pause as long as it took (429 with Retry-After meanwhile), each within
-// dryRunTimeout (503), and stopped when its request ends (the client gone): compile and the
-// store's walk watch the request's context.
+// bounded: a body of at most api.MaxCandidateBytes (413), one evaluated at a time (429 with
+// Retry-After while one is) and each followed by a pause as long as it took (a request
+// arriving then waits for its end), each within dryRunTimeout (503), and stopped when its
+// request ends (the client gone): compile and the store's walk watch the request's context.
 
 // dryRunTimeout is the longest a dry run of a candidate may take, reading its body
 // included. A candidate of api.MaxCandidateBytes compiles in well under a second (the
@@ -149,6 +148,34 @@ func (h *Hub) serveDryRun(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// takeDryRunSlot takes the slot for a dry run of a candidate: at once if it is free; if it
+// is in the pause after an evaluation, once the pause is over (the request waits rather
+// than being refused, so an operator's dry runs one after another go through). It fails,
+// for a 429, while an evaluation holds the slot, when another request took it at the
+// pause's end, or when ctx ends.
+func (h *Hub) takeDryRunSlot(ctx context.Context) bool {
+	select {
+	case h.dryRuns <- struct{}{}:
+		return true
+	default:
+	}
+	at := h.dryRunFreeAt.Load()
+	if at == 0 { // being evaluated: when it ends is unknown
+		return false
+	}
+	// The pause ends by a timer of its own: wait for it, and a little more for that timer.
+	t := time.NewTimer(time.Until(time.Unix(0, at)) + 100*time.Millisecond)
+	defer t.Stop()
+	select {
+	case h.dryRuns <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // dryRunCandidate is POST /api/dryrun, an action (registered through Hub.action, which has
 // found the operator): a candidate configuration in the body, evaluated within the bounds
 // above.
@@ -170,30 +197,23 @@ func (h *Hub) dryRunCandidate(w http.ResponseWriter, r *http.Request, operator s
 		http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
 		return
 	}
-	select {
-	case h.dryRuns <- struct{}{}:
-		// The evaluation (decoding included) is what takes a CPU: once it has begun, the
-		// slot is released as long after it ends as it took, whatever its outcome.
-		h.dryRunFreeAt.Store(0)
-		defer func() {
-			if evaluated.IsZero() {
-				<-h.dryRuns
-				return
-			}
-			took := time.Since(evaluated)
-			h.dryRunFreeAt.Store(time.Now().Add(took).UnixNano())
-			time.AfterFunc(took, func() { <-h.dryRuns })
-		}()
-	default:
-		// While one is evaluated, when it ends is unknown: a second; after, when it is free.
-		retry := time.Second
-		if at := h.dryRunFreeAt.Load(); at != 0 {
-			retry = max(time.Until(time.Unix(0, at)).Round(time.Second), time.Second)
-		}
-		w.Header().Set("Retry-After", strconv.Itoa(int(retry/time.Second)))
-		http.Error(w, fmt.Sprintf("another dry run of a candidate is being evaluated, or was just: the hub evaluates %d at a time (each for up to %v), and then waits as long as it took; retry after %v", dryRunSlots, timeout, retry), http.StatusTooManyRequests)
+	if !h.takeDryRunSlot(r.Context()) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, fmt.Sprintf("another dry run of a candidate is being evaluated: the hub evaluates %d at a time (each for up to %v, then a pause as long); retry after 1s", dryRunSlots, timeout), http.StatusTooManyRequests)
 		return
 	}
+	// The evaluation (decoding included) is what takes a CPU: once it has begun, the slot is
+	// released as long after it ends as it took, whatever its outcome.
+	h.dryRunFreeAt.Store(0)
+	defer func() {
+		if evaluated.IsZero() {
+			<-h.dryRuns
+			return
+		}
+		took := time.Since(evaluated)
+		h.dryRunFreeAt.Store(time.Now().Add(took).UnixNano())
+		time.AfterFunc(took, func() { <-h.dryRuns })
+	}()
 	// The slot is held from here: the body must arrive, and the dry run end, in time.
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()

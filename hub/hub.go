@@ -63,7 +63,7 @@ type Hub struct {
 	// nanoseconds, atomic: a test shortens it on a running hub).
 	dryRuns       chan struct{}
 	dryRunTimeout atomic.Int64
-	dryRunFreeAt  atomic.Int64 // when the slot taken last is released (unix ns; 0: while evaluated)
+	dryRunFreeAt  atomic.Int64 // when the pause after the last evaluation ends (unix ns; 0: while one is evaluated)
 
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
