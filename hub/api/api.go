@@ -47,8 +47,8 @@
 //
 // A dry run of a candidate is the vendor's operators' (a tenant's: 403: the candidate is
 // the whole hub's file) and bounded: at most MaxCandidateBytes (413), one evaluated at a
-// time and a pause as long as it took after each (429 meanwhile, with Retry-After), within
-// 5 s (503), stopped when its request ends.
+// time (429, with Retry-After, while one is) and a pause as long as it took after each (a
+// request then waits for its end), within 5 s (503), stopped when its request ends.
 package api
 
 import "time"
