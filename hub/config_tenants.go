@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -145,7 +146,7 @@ func (c *compiled) sight(tenant string) *sight {
 
 // compileTenants builds each tenant's ownership policy and routing table, and the tenancy
 // set; out.clusters and out.identity are complete.
-func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
+func (c *Config) compileTenants(ctx context.Context, out *compiled, groups []tenantGroup) error {
 	out.tenant = map[string]*tenantComp{}
 	specs := make([]tenancy.Tenant, 0, len(groups))
 	table, err := kinds.NewTable(c.Kinds) // valid: compile has built it
@@ -153,6 +154,9 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 		return err
 	}
 	for _, g := range groups {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		tc := &tenantComp{name: g.Name, limits: c.TenantLimits.over(g.Limits), routing: g.Routing}
 		if err := g.Limits.check(g.field + "limits"); err != nil {
 			return err
@@ -166,7 +170,7 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 		if err != nil {
 			return err
 		}
-		if err := checkNamespaceOverlap(g.Clusters, shared); err != nil {
+		if err := checkNamespaceOverlap(ctx, g.Clusters, shared); err != nil {
 			return err
 		}
 		// Rules may select by node ids alone where sink makes them the certificates' names,
@@ -211,7 +215,7 @@ func (c *Config) compileTenants(out *compiled, groups []tenantGroup) error {
 	if out.tenants, err = tenancy.New("tenants", specs); err != nil {
 		return err
 	}
-	return checkTenantClaims(groups)
+	return checkTenantClaims(ctx, groups)
 }
 
 // checkExportCollections refuses an export's collection (one without "*") that is not a
@@ -251,67 +255,121 @@ func ownersOf(clusters []ClusterConfig) []acl.Cluster {
 // own business (sharedNamespaces, conflicts); across tenants one could publish what the
 // other's sinks serve, or win a conflict over it. The patterns are valid (each tenant's
 // acl.New has checked them). An error names both fields, each as a path into the
-// configuration, and what they both match.
-func checkTenantClaims(groups []tenantGroup) error {
-	type claims struct {
-		field      string // tenants[i] ("t").clusters[j] ("c")
-		namespaces []pattern.Namespace
-		hosts      []pattern.Host
-		scoped     []string // collections, or "*"
+// configuration, and what they both match: of several overlaps, the first in configuration
+// order (tenants a < b, a's cluster, b's cluster, namespaces before hosts before
+// clusterScoped, a's pattern, b's), as comparing every pair in that order would.
+//
+// Comparing every pair is O(claims²); a pattern.Index per kind of claim finds, for each
+// claim of a tenant, the first claim of a later tenant overlapping it, in O(n log n) plus
+// the patterns' length (a cluster-scoped grant is an exact term, "*" the term matching
+// everything).
+func checkTenantClaims(ctx context.Context, groups []tenantGroup) error {
+	const (
+		namespaces = iota
+		hosts
+		scoped
+		claimKinds
+	)
+	type claim struct {
+		tenant, cluster, index int // groups[tenant].Clusters[cluster]'s claim [index]
+		ns                     pattern.Namespace
+		host                   pattern.Host
+		coll                   string
 	}
-	of := func(g tenantGroup, j int) claims {
-		cl := g.Clusters[j]
-		c := claims{field: fmt.Sprintf("%sclusters[%d] (%q)", g.field, j, cl.Name), scoped: cl.ClusterScoped}
-		c.namespaces, _ = pattern.ParseNamespaces("", cl.Namespaces)
-		for _, h := range cl.Hosts {
-			p, _ := pattern.ParseHost(h)
-			c.hosts = append(c.hosts, p)
-		}
-		return c
-	}
-	tenants := make([][]claims, len(groups))
-	for i, g := range groups {
-		for j := range g.Clusters {
-			tenants[i] = append(tenants[i], of(g, j))
-		}
-	}
-	for i, a := range tenants {
-		for _, b := range tenants[i+1:] {
-			for _, x := range a {
-				for _, y := range b {
-					for k, p := range x.namespaces {
-						for l, q := range y.namespaces {
-							if ov, ok := p.Overlap(q); ok {
-								return fmt.Errorf("%s.namespaces[%d] (%q) and %s.namespaces[%d] (%q) both match namespaces %q: tenants may not share a namespace; export objects instead",
-									x.field, k, p, y.field, l, q, ov)
-							}
-						}
-					}
-					for k, p := range x.hosts {
-						for l, q := range y.hosts {
-							if ov, ok := p.Overlap(q); ok {
-								return fmt.Errorf("%s.hosts[%d] (%q) and %s.hosts[%d] (%q) both match hosts %q: tenants may not share a host",
-									x.field, k, p, y.field, l, q, ov)
-							}
-						}
-					}
-					for k, p := range x.scoped {
-						for l, q := range y.scoped {
-							if p == q || p == "*" || q == "*" {
-								both := p
-								if p == "*" {
-									both = q
-								}
-								return fmt.Errorf("%s.clusterScoped[%d] (%q) and %s.clusterScoped[%d] (%q) both grant cluster-scoped %s: tenants may not publish the same cluster-scoped names",
-									x.field, k, p, y.field, l, q, both)
-							}
-						}
-					}
+	var claims [claimKinds][]claim
+	var terms [claimKinds][]pattern.Term
+	for t, g := range groups {
+		for j, cl := range g.Clusters {
+			ns, _ := pattern.ParseNamespaces("", cl.Namespaces)
+			for k, p := range ns {
+				claims[namespaces] = append(claims[namespaces], claim{tenant: t, cluster: j, index: k, ns: p})
+				terms[namespaces] = append(terms[namespaces], p.Term())
+			}
+			for k, h := range cl.Hosts {
+				p, _ := pattern.ParseHost(h)
+				claims[hosts] = append(claims[hosts], claim{tenant: t, cluster: j, index: k, host: p})
+				terms[hosts] = append(terms[hosts], p.Term())
+			}
+			for k, coll := range cl.ClusterScoped {
+				claims[scoped] = append(claims[scoped], claim{tenant: t, cluster: j, index: k, coll: coll})
+				term := pattern.Term{Key: coll}
+				if coll == "*" {
+					term = pattern.Term{Prefix: true} // every collection
 				}
+				terms[scoped] = append(terms[scoped], term)
 			}
 		}
 	}
-	return nil
+	var index [claimKinds]*pattern.Index
+	var next [claimKinds]int // per kind: the first claim of the tenants not yet indexed
+	for kind := range claimKinds {
+		index[kind], next[kind] = pattern.NewIndex(terms[kind]), len(claims[kind])
+	}
+	// A pair found, as the order that decides which is reported: the other tenant, this
+	// tenant's cluster, the other's, the kind, this claim, the other's.
+	type pair struct{ kind, a, b int }
+	before := func(p, q pair) bool {
+		ca, cb, qa, qb := claims[p.kind][p.a], claims[p.kind][p.b], claims[q.kind][q.a], claims[q.kind][q.b]
+		pk := []int{cb.tenant, ca.cluster, cb.cluster, p.kind, ca.index, cb.index}
+		qk := []int{qb.tenant, qa.cluster, qb.cluster, q.kind, qa.index, qb.index}
+		for i := range pk {
+			if pk[i] != qk[i] {
+				return pk[i] < qk[i]
+			}
+		}
+		return false
+	}
+	var found *pair // the pair of the earliest tenant so far
+	for t := len(groups) - 1; t >= 0; t-- {
+		var best *pair
+		for kind := range claimKinds {
+			first := next[kind]
+			for first > 0 && claims[kind][first-1].tenant == t {
+				first--
+			}
+			for a := first; a < next[kind]; a++ {
+				if err := checkEvery(ctx, a); err != nil {
+					return err
+				}
+				if b, ok := index[kind].First(a); ok {
+					if p := (pair{kind, a, b}); best == nil || before(p, *best) {
+						best = &p
+					}
+				}
+			}
+			for a := first; a < next[kind]; a++ {
+				index[kind].Add(a)
+			}
+			next[kind] = first
+		}
+		if best != nil {
+			found = best
+		}
+	}
+	if found == nil {
+		return nil
+	}
+	x, y := claims[found.kind][found.a], claims[found.kind][found.b]
+	field := func(c claim) string {
+		g := groups[c.tenant]
+		return fmt.Sprintf("%sclusters[%d] (%q)", g.field, c.cluster, g.Clusters[c.cluster].Name)
+	}
+	switch found.kind {
+	case namespaces:
+		ov, _ := x.ns.Overlap(y.ns)
+		return fmt.Errorf("%s.namespaces[%d] (%q) and %s.namespaces[%d] (%q) both match namespaces %q: tenants may not share a namespace; export objects instead",
+			field(x), x.index, x.ns, field(y), y.index, y.ns, ov)
+	case hosts:
+		ov, _ := x.host.Overlap(y.host)
+		return fmt.Errorf("%s.hosts[%d] (%q) and %s.hosts[%d] (%q) both match hosts %q: tenants may not share a host",
+			field(x), x.index, x.host, field(y), y.index, y.host, ov)
+	}
+	both := x.coll
+	if both == "*" {
+		both = y.coll
+	}
+	return fmt.Errorf("%s.clusterScoped[%d] (%q) and %s.clusterScoped[%d] (%q) both grant cluster-scoped %s: tenants may not publish the same cluster-scoped names",
+		field(x), x.index, x.coll, field(y), y.index, y.coll, both)
 }
 
 // TenantLimits bound what one tenant's peers may take from the hub, all of them together, so

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -181,7 +182,10 @@ func runGolden(t *testing.T, path string) {
 			}
 			fmt.Fprintf(&b, "sink identity=%q node=%q ->%s rules [%s]\n", w.s.Identity, w.s.Node, tenant, rt.sub.Key())
 			// What the shared view holds must equal a fresh computation for the route.
-			fresh := h.store.served(rt)
+			fresh, err := h.store.servedWith(context.Background(), rt, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, coll := range live.Collections {
 				var lines []string
 				for _, e := range w.colls[coll].Snapshot().Entries {

@@ -2,16 +2,11 @@ package hub
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"sort"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/meshfed/meshfed/hub/acl"
 	"github.com/meshfed/meshfed/hub/api"
 	"github.com/meshfed/meshfed/internal/ops"
 )
@@ -141,67 +136,6 @@ func (h *Hub) sinkList(v viewer) []api.SinkStatus {
 // Conflicts returns every collection/name several clusters publish, with the winner.
 func (h *Hub) Conflicts() []api.Conflict { return h.store.conflicts(vendor(h.current().comp)) }
 
-// DryRun returns what a sink with this identity and SinkNode receives now, or, given a
-// candidate configuration, what it would receive under it (its routing and ownership; the
-// stored resources and the running conflict order) and how that differs from now. A
-// candidate that does not validate is an error naming the field.
-func (h *Hub) DryRun(identity, nodeID string, annotations map[string]string, candidate *Config) (api.DryRun, error) {
-	return h.dryRun(vendor(h.current().comp), identity, nodeID, annotations, candidate)
-}
-
-// errNotYours answers a tenant's operator asking about what is not the tenant's.
-var errNotYours = errors.New("not yours")
-
-// dryRun is DryRun for v: a tenant's operator asks about the tenant's sinks only, and sees
-// of a candidate's answer only what the tenant sees now (a candidate configuration is the
-// whole hub's, and could move another tenant's objects to it).
-func (h *Hub) dryRun(v viewer, identity, nodeID string, annotations map[string]string, candidate *Config) (api.DryRun, error) {
-	now := v.comp.routeOf(identity, nodeID, annotations)
-	if !v.seesRoute(now) {
-		return api.DryRun{}, fmt.Errorf("identity %q: %w: it is not one of tenant %q's sinks", identity, errNotYours, v.tenant)
-	}
-	d := api.DryRun{Identity: identity, NodeID: nodeID, Annotations: annotations, Tenant: now.tenant, Rules: now.sub.Rules(), Resources: h.store.served(now)}
-	if candidate == nil {
-		return d, nil
-	}
-	comp, err := candidate.compile()
-	if err != nil {
-		return d, err
-	}
-	rt := comp.routeOf(identity, nodeID, annotations)
-	would := h.store.servedWith(rt, func(r *resource) bool {
-		return v.sees(r) && comp.configured(r.cluster) && comp.check(r.cluster, acl.Object{Collection: r.collection, Name: r.name, Hosts: r.hosts}) == nil
-	})
-	d.Candidate, d.Rules, d.Tenant = true, rt.sub.Rules(), rt.tenant
-	d.NeedsRestart = restartFields(h.cfg, candidate) // as Reload would refuse it
-	if !v.isVendor() && rt.tenant != v.tenant {
-		d.Tenant = "" // another tenant's, under the candidate: not this operator's to know which
-	}
-	d.Added, d.Removed, d.Changed = map[string][]string{}, map[string][]string{}, map[string][]string{}
-	for coll, names := range would {
-		for n, v := range names {
-			switch was, ok := d.Resources[coll][n]; {
-			case !ok:
-				d.Added[coll] = append(d.Added[coll], n)
-			case was != v:
-				d.Changed[coll] = append(d.Changed[coll], n)
-			}
-		}
-		for n := range d.Resources[coll] {
-			if _, ok := names[n]; !ok {
-				d.Removed[coll] = append(d.Removed[coll], n)
-			}
-		}
-	}
-	for _, m := range []map[string][]string{d.Added, d.Removed, d.Changed} {
-		for coll := range m {
-			sort.Strings(m[coll])
-		}
-	}
-	d.Resources = would
-	return d, nil
-}
-
 // owners answers who owns a host or a namespace, for v: the vendor learns the clusters and
 // their tenant; a tenant's operator learns its own clusters that own it, or, when none does,
 // only that it is not theirs (whether another tenant owns it is not theirs to know).
@@ -300,43 +234,11 @@ func (h *Hub) httpHandler() *http.ServeMux {
 			http.Error(w, "give ?host=NAME or ?namespace=NAME", http.StatusBadRequest)
 		}
 	})
-	mux.HandleFunc("/api/dryrun", func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		ann := map[string]string{}
-		for _, a := range q["annotation"] {
-			k, v, ok := strings.Cut(a, "=")
-			if !ok {
-				http.Error(w, fmt.Sprintf("annotation %q: want key=value", a), http.StatusBadRequest)
-				return
-			}
-			ann[k] = v
-		}
-		var candidate *Config
-		if r.Method == http.MethodPost {
-			body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			if candidate, err = ParseConfig(body); err != nil {
-				http.Error(w, "candidate configuration: "+err.Error(), http.StatusBadRequest)
-				return
-			}
-		}
-		d, err := h.dryRun(h.viewerOf(r), q.Get("identity"), q.Get("node"), ann, candidate)
-		if errors.Is(err, errNotYours) {
-			http.Error(w, err.Error(), http.StatusNotFound)
-			return
-		}
-		if err != nil {
-			http.Error(w, "candidate configuration: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		WriteJSON(w, d)
-	})
-	// Actions, the only requests that change the hub: each through h.action, which decides
-	// who the operator is (operator.go).
+	mux.HandleFunc("GET /api/dryrun", h.serveDryRun) // a dry run of the running configuration: a read (dryrun.go)
+	// Actions, the only requests that change the hub or take its CPU at a caller's say: each
+	// through h.action, which decides who the operator is (operator.go).
 	h.action(mux, "POST /api/clusters/{name}/breaker/release", h.releaseBreaker)
+	h.action(mux, "POST /api/dryrun", h.dryRunCandidate) // a candidate compiled: dryrun.go
 	mux.Handle("/metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}))
 	ops.AddPprof(mux)
 	return mux

@@ -64,6 +64,12 @@ type Hub struct {
 	// verified as the gRPC listeners verify, so that its requests carry a verified
 	// certificate for operator to read the identity from.
 	adminTLS *tls.Config
+	// dryRuns holds a token per dry run of a candidate being evaluated, or cooling down
+	// after it (dryRunSlots at most), each evaluated for at most dryRunTimeout (dryrun.go;
+	// nanoseconds, atomic: a test shortens it on a running hub).
+	dryRuns       chan struct{}
+	dryRunTimeout atomic.Int64
+	dryRunFreeAt  atomic.Int64 // when the pause after the last evaluation ends (unix ns; 0: while one is evaluated)
 
 	clustersMu sync.RWMutex // guards clusters
 	clusters   map[string]*clusterState
@@ -134,7 +140,8 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 	}
 	h := &Hub{cfg: cfg, log: log, reg: reg, metrics: NewMetrics(reg), mcpMetrics: mcp.NewMetrics(reg), layer: layer, now: now,
 		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer(),
-		layerChanged: layerChanged, stateFaults: opts.StateFaults}
+		layerChanged: layerChanged, stateFaults: opts.StateFaults, dryRuns: make(chan struct{}, dryRunSlots)}
+	h.dryRunTimeout.Store(int64(dryRunTimeout))
 	h.live.Store(&live{cfg: cfg, comp: comp})
 	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
 	if cfg.Persist || layerChanged != nil {

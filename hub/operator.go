@@ -164,6 +164,10 @@ func (s *statusRecorder) WriteHeader(code int) {
 	s.ResponseWriter.WriteHeader(code)
 }
 
+// Unwrap gives http.ResponseController the connection's writer (an action may set its
+// deadlines: a dry run's body must arrive in time).
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
 // releaseBreaker is POST /api/clusters/{name}/breaker/release: it applies the deletions
 // the cluster's breaker holds (404: no such cluster, or another tenant's, answered alike;
 // 409: it holds none).

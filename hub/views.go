@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"sort"
 	"sync"
 
@@ -118,23 +119,25 @@ func (s *store) watch(rt route) (*mcp.Cache, func()) {
 	}
 }
 
-// served returns what a route receives now, per collection: name -> served version. It
-// builds nothing (for dry runs).
-func (s *store) served(rt route) map[string]map[string]string {
-	return s.servedWith(rt, nil)
-}
-
-// servedWith is served where only resources allow accepts count (a candidate ownership):
-// for each name the first allowed candidate the route's tenant sees, in the current
-// policy's order, is served.
-func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[string]string {
+// servedWith returns what a route receives now, per collection: name -> served version,
+// where only resources allow accepts count (nil: all; a candidate ownership: those it
+// accepts): for each name the first allowed candidate the route's tenant sees, in the
+// current policy's order, is served. It builds nothing (for dry runs). It holds the store's
+// lock while it walks, so it stops, with ctx's error, once ctx ends (a dry run's request
+// gone or out of time).
+func (s *store) servedWith(ctx context.Context, rt route, allow func(*resource) bool) (map[string]map[string]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]map[string]string{}
+	i := 0
 	for _, coll := range s.collections {
 		m := map[string]string{}
 		if rt.wantsCollection(coll) {
 			for n, cands := range s.index[coll] {
+				if err := checkEvery(ctx, i); err != nil {
+					return nil, err
+				}
+				i++
 				if w := pick(rt.tenants, rt.tenant, cands, allow); w != nil && rt.sub.Includes(coll, w.cluster, w.namespace, w.labels) {
 					m[n] = w.served.Version
 				}
@@ -142,7 +145,7 @@ func (s *store) servedWith(rt route, allow func(*resource) bool) map[string]map[
 		}
 		out[coll] = m
 	}
-	return out
+	return out, ctx.Err()
 }
 
 // reroute gives every open view the new definition of its route under comp, and pushes

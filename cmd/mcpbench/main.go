@@ -10,7 +10,9 @@
 //     latency with another flooding at its push quota against the same with it idle, and the
 //     heap with a sink that never ACKs against one that does; and its tenants row: a tenant's
 //     latency with another using all its tenant limits admit (pushes, a stream-opening loop,
-//     1,000 sinks that never ACK) against the same with it idle;
+//     1,000 sinks that never ACK) against the same with it idle; and its dry-run row: a
+//     cluster's latency while operators' clients loop dry runs of a 1 MB candidate against
+//     the same with none;
 //   - versus: meshfed's hub against Istio 1.8's own MCP source (test/istio's peer) and bare
 //     gRPC sending pre-encoded messages, each a process, driven by one separate load process
 //     (cmd/mcpload, one connection per sink): latency of a change to the last sink,
@@ -42,7 +44,7 @@ func main() {
 	hubSinks := flag.String("hub-sinks", "1000,10000", "sink counts of the hub fan-out rows")
 	hubResources := flag.String("hub-resources", "1000,100000,1000000", "stored resources of the hub CPU-per-change rows")
 	kubeObjects := flag.Int("kube-objects", 10000, "objects in the minion's initial-sync scenario (0 skips it)")
-	hubRows := flag.String("hub-rows", "fanout,store,persist,idle,latency,neighbour,stalled,tenants", "rows of the hub table to run")
+	hubRows := flag.String("hub-rows", "fanout,store,persist,idle,latency,neighbour,stalled,tenants,dryrun", "rows of the hub table to run")
 	var safety safetyFlags
 	flag.IntVar(&safety.sinks, "neighbour-sinks", 100, "sinks of the noisy-neighbour rows")
 	flag.IntVar(&safety.changes, "neighbour-changes", 1000, "cluster B's changes measured per condition (A idle, A flooding)")
@@ -93,10 +95,10 @@ func main() {
 		rows := map[string]bool{}
 		for _, r := range strings.Split(*hubRows, ",") {
 			switch r = strings.TrimSpace(r); r {
-			case "fanout", "store", "persist", "idle", "latency", "neighbour", "stalled", "tenants":
+			case "fanout", "store", "persist", "idle", "latency", "neighbour", "stalled", "tenants", "dryrun":
 				rows[r] = true
 			default:
-				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, persist, idle, latency, neighbour, stalled, tenants)", r))
+				fail("hub-rows", fmt.Errorf("no row %q (fanout, store, persist, idle, latency, neighbour, stalled, tenants, dryrun)", r))
 			}
 		}
 		hubTable(rows, ints(*hubSinks), ints(*hubResources), *resources, *size, safety, tenants)
@@ -302,6 +304,18 @@ func hubTable(rows map[string]bool, sinks, stored []int, resources, size int, sa
 			cfg.BSinks, us(r.Noisy.P50), us(r.Idle.P50), float64(r.Noisy.P50)/float64(r.Idle.P50), r.Idle.N/cfg.BSinks, cfg.BSinks, cfg.Gap)
 		fmt.Fprintf(w, "tenant B push -> hub ACK p99, tenant A noisy\t%v\t%v\t%.2f\tB's ingest (ACL, store, merge, view) as its source sees it; p50 %v vs %v\t\n",
 			us(r.Noisy.Ingest.P99), us(r.Idle.Ingest.P99), float64(r.Noisy.Ingest.P99)/float64(r.Idle.Ingest.P99), us(r.Noisy.Ingest.P50), us(r.Idle.Ingest.P50))
+	}
+	if rows["dryrun"] {
+		cand := bench.DryRunCandidate(240, 100) // just under the 1 MiB a dry run takes
+		cfg := bench.DryRunConfig{Clusters: 10, Sinks: 100, Changes: 100, Rounds: 5, Clients: 3, Candidate: cand, Gap: 10 * time.Millisecond}
+		r, err := bench.DryRunLoop(cfg)
+		if err != nil {
+			fail("dry runs", err)
+		}
+		ms := func(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
+		fmt.Fprintf(w, "minion -> hub -> sink p99, %d operators looping dry runs of a %d KB candidate\t%v\t%v\t%.2f\tbaseline: no dry run, same run (%d rounds alternating); p50 %v vs %v; answers %v (mean 200 in %v); process CPU %.2f vs %.2f cores; busy %v after the clients left\t\n",
+			cfg.Clients, len(cand)/1000, ms(r.Looping.P99), ms(r.Idle.P99), float64(r.Looping.P99)/float64(r.Idle.P99), cfg.Rounds,
+			ms(r.Looping.P50), ms(r.Idle.P50), r.Answers, r.Took.Round(time.Millisecond), r.LoopCores, r.IdleCores, r.Settle.Round(10*time.Millisecond))
 	}
 	w.Flush()
 }

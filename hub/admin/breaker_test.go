@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -158,5 +159,70 @@ routing: {default: {name: all}}
 	}
 	if out, err := hubCmd(append(append([]string{"breaker", "release", "-o", "json"}, tls("operator")...), "west")...); err == nil || !strings.HasPrefix(err.Error(), "Error from server (NotFound): ") {
 		t.Errorf("release of an unknown cluster: %v %s, want NotFound", err, out)
+	}
+}
+
+// `hub whatif --config` is an operator's action: over plain http (a hub that is not in
+// development mode) and with a sink's certificate the hub's refusal is printed, saying what
+// is needed; with an operator's certificate the candidate is evaluated. A file larger than
+// a hub takes is refused before the hub is asked.
+func TestWhatifCandidateAsAnOperator(t *testing.T) {
+	state, certs := t.TempDir(), t.TempDir()
+	running := `
+devCA: true
+stateDir: ` + state + `
+ingest: 127.0.0.1:0
+serve: 127.0.0.1:0
+http: 127.0.0.1:0
+adminTLS: 127.0.0.1:0
+collections: [vs]
+clusters: [{name: east, namespaces: [shop], hosts: ["*"]}]
+routing: {default: {name: all}}
+`
+	h := runHub(t, running)
+	_, _, httpAddr := h.Addrs()
+	adminTLS := h.AdminTLSAddr()
+	if err := h.Apply("east", vsState(t, "shop/cart")); err != nil {
+		t.Fatal(err)
+	}
+	for _, who := range []string{"-operator", "-sink"} {
+		if out, err := hubCmd("certs", "issue", who, "alice", "-out", filepath.Join(certs, who[1:]), "-state-dir", state); err != nil {
+			t.Fatalf("certs issue %s: %v\n%s", who, err, out)
+		}
+	}
+	tls := func(kind string) []string {
+		dir := filepath.Join(certs, kind)
+		return []string{"-admin", adminTLS, "-cert", filepath.Join(dir, "alice.crt"), "-key", filepath.Join(dir, "alice.key"), "-ca", filepath.Join(dir, "ca.crt")}
+	}
+	candidate := filepath.Join(certs, "candidate.yaml")
+	if err := os.WriteFile(candidate, []byte(strings.Replace(running, "namespaces: [shop]", "namespaces: [pay]", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(certs, "huge.yaml")
+	hugeText := running + "#" + strings.Repeat("x", 1<<20) + "\n"
+	if err := os.WriteFile(huge, []byte(hugeText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"plain http", []string{"-admin", httpAddr, "-config", candidate}, "401 Unauthorized: actions need an authenticated operator: a client certificate for spiffe://meshfed.local/operator/NAME, over adminTLS (" + adminTLS + ")"},
+		{"a sink's certificate", append(tls("sink"), "-config", candidate), `403 Forbidden: identity "spiffe://meshfed.local/sink/alice" is not an operator`},
+		{"a file over 1 MiB", append(tls("operator"), "-config", huge), "--config: " + huge + " is " + fmt.Sprint(len(hugeText)) + " bytes: a hub dry-runs a file of at most 1048576 bytes (1 MiB)"},
+	} {
+		if out, err := hubCmd(append([]string{"whatif", "-node", "istiod-1"}, tc.args...)...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v\n%s\nwant %q", tc.name, err, out, tc.want)
+		}
+	}
+	// What a sink receives now is a read: anyone on http.
+	if out, err := hubCmd("whatif", "-node", "istiod-1", "-admin", httpAddr); err != nil || !strings.Contains(out, vsColl+"  1") {
+		t.Errorf("whatif without a candidate on http: %v\n%s", err, out)
+	}
+	out, err := hubCmd(append([]string{"whatif", "-node", "istiod-1", "-config", candidate}, tls("operator")...)...)
+	if err != nil || !regexp.MustCompile(regexp.QuoteMeta(vsColl)+` +0 +- +shop/cart +-\n`).MatchString(out) {
+		t.Errorf("whatif by the operator: %v\n%s", err, out)
 	}
 }

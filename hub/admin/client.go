@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,6 +101,15 @@ type NotFoundError struct{ Msg string }
 
 func (e *NotFoundError) Error() string { return "Error from server (NotFound): " + e.Msg }
 
+// BusyError is the hub's answer that it is evaluating as much of what was asked as it takes
+// at once (429: a dry run of a candidate, one at a time): ask again after RetryAfter.
+type BusyError struct {
+	Msg        string
+	RetryAfter time.Duration
+}
+
+func (e *BusyError) Error() string { return "429 Too Many Requests: " + e.Msg }
+
 // call sends method path (with body) and decodes the answer's JSON into v; it returns the
 // answer as sent, for -o json|yaml.
 func (c *client) call(ctx context.Context, method, path string, body []byte, v any) ([]byte, error) {
@@ -124,6 +134,12 @@ func (c *client) call(ctx context.Context, method, path string, body []byte, v a
 		return nil, fmt.Errorf("%s %s: the hub has no such endpoint (a hub older than this command?)", method, path)
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, &NotFoundError{msg}
+	case resp.StatusCode == http.StatusTooManyRequests:
+		after, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if err != nil || after < 0 {
+			after = 1
+		}
+		return nil, &BusyError{Msg: msg, RetryAfter: time.Duration(after) * time.Second}
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, msg)
 	}

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -28,9 +30,14 @@ func whatifCommand() *cobra.Command {
 		Long: "Show what a sink with an identity and SinkNode would receive from the running hub, or with\n" +
 			"--config under a candidate configuration file: what it would gain, lose and see change, and\n" +
 			"which changed fields a reload cannot apply (they need a restart of the hub: the running\n" +
-			"configuration would stay).",
-		Example: "  hub whatif --node istiod-1\n  hub whatif --identity spiffe://meshfed.local/sink/istiod-1 --config new.yaml",
-		Args:    cli.Args(cobra.NoArgs),
+			"configuration would stay).\n\n" +
+			"Evaluating a candidate is an operator's action, the vendor's: the hub takes it from an\n" +
+			"operator's certificate (--cert, over its adminTLS listener; not a tenant's operator), or in\n" +
+			"development mode from loopback on http. It takes a file of at most 1 MiB and evaluates one\n" +
+			"at a time: while another is evaluated, this command waits as the hub says and asks again.",
+		Example: "  hub whatif --node istiod-1\n" +
+			"  hub whatif --identity spiffe://meshfed.local/sink/istiod-1 --config new.yaml --cert certs/alice.crt --key certs/alice.key --ca certs/ca.crt",
+		Args: cli.Args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q := url.Values{"identity": {identity}, "node": {node}}
 			for _, a := range annotations {
@@ -44,6 +51,9 @@ func whatifCommand() *cobra.Command {
 				var err error
 				if body, err = os.ReadFile(config); err != nil {
 					return fmt.Errorf("--config: %w", err)
+				}
+				if len(body) > api.MaxCandidateBytes {
+					return fmt.Errorf("--config: %s is %d bytes: a hub dry-runs a file of at most %d bytes (1 MiB)", config, len(body), api.MaxCandidateBytes)
 				}
 			}
 			cl, err := c.client()
@@ -63,6 +73,10 @@ func whatifCommand() *cobra.Command {
 	return cmd
 }
 
+// whatifTries is how many times whatif asks a hub that is busy evaluating another
+// candidate (429) before it gives up: each evaluation takes well under a second.
+const whatifTries = 5
+
 func whatif(ctx context.Context, c *client, out *cli.Output, w io.Writer, q url.Values, candidate []byte, post bool) error {
 	var d api.DryRun
 	method := http.MethodGet
@@ -70,6 +84,16 @@ func whatif(ctx context.Context, c *client, out *cli.Output, w io.Writer, q url.
 		method = http.MethodPost
 	}
 	doc, err := c.call(ctx, method, "/api/dryrun?"+q.Encode(), candidate, &d)
+	// The hub evaluates one candidate at a time: wait as it says, a few times, and ask again.
+	var busy *BusyError
+	for try := 1; errors.As(err, &busy) && try < whatifTries; try++ {
+		select {
+		case <-time.After(min(busy.RetryAfter, 5*time.Second)):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		doc, err = c.call(ctx, method, "/api/dryrun?"+q.Encode(), candidate, &d)
+	}
 	if err != nil {
 		return err
 	}

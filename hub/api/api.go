@@ -16,7 +16,7 @@
 //	/api/object?collection=C[&name=N] ObjectList, or Object: what is served of C, or of one object of it (see object.go; 404: no such object)
 //	/api/kinds                        []kinds.Kind: the kinds of the hub's collections, to resolve names as the hub does
 //	/api/owners?host=H | ?namespace=N Owners
-//	/api/dryrun?identity=&node=&annotation=k=v (POST a candidate configuration: with the diff)  DryRun
+//	/api/dryrun?identity=&node=&annotation=k=v   DryRun: what that sink receives now (POST a candidate: an action, below)
 //	/api/replicas                     ReplicaStatus (404 on a single hub)
 //	/api/tenants                      []Tenant
 //	/api/events?since=SEQ&boot=B&limit=N  Events: what happened recently (refusals, reloads, breakers, clusters, replicas)
@@ -32,17 +32,23 @@
 // nothing for an operator listed nowhere or a certificate that is not an operator's.
 // Reading changes nothing.
 //
-// Actions, which change the hub, are POST (other methods: 405) and need an authenticated
-// operator: on adminTLS, a client certificate whose identity is
-// spiffe://<trustDomain>/operator/<name> (the name is recorded); in development mode
-// (insecure) only, a request on http from a loopback peer addressed to loopback, recorded
-// as "loopback (development mode)". A request that carries no identity (plain http) is
-// refused with 401, one whose identity or origin may not act (another kind or trust
-// domain, a browser's cross-origin request, a peer off loopback in development mode) with
-// 403; the message says what is needed, and the hub logs every accepted or refused action
-// with who asked and from where (see the README's "Operators"):
+// Actions, which change the hub or spend its CPU at the caller's say, are POST (other
+// methods: 405) and need an authenticated operator: on adminTLS, a client certificate
+// whose identity is spiffe://<trustDomain>/operator/<name> (the name is recorded); in
+// development mode (insecure) only, a request on http from a loopback peer addressed to
+// loopback, recorded as "loopback (development mode)". A request that carries no identity
+// (plain http) is refused with 401, one whose identity or origin may not act (another kind
+// or trust domain, a browser's cross-origin request, a peer off loopback in development
+// mode) with 403; the message says what is needed, and the hub logs every accepted or
+// refused action with who asked and from where (see the README's "Operators"):
 //
 //	/api/clusters/{name}/breaker/release   BreakerRelease: apply a cluster's held deletions (404: no such cluster; 409: it holds none)
+//	/api/dryrun?identity=&node=&annotation=k=v   DryRun with the diff: the body is a candidate configuration, evaluated, not applied
+//
+// A dry run of a candidate is the vendor's operators' (a tenant's: 403: the candidate is
+// the whole hub's file) and bounded: at most MaxCandidateBytes (413), one evaluated at a
+// time (429, with Retry-After, while one is) and a pause as long as it took after each (a
+// request then waits for its end), within 5 s (503), stopped when its request ends.
 package api
 
 import "time"
@@ -53,6 +59,11 @@ const (
 	DefaultHTTPAddr     = "127.0.0.1:9990"
 	DefaultAdminTLSAddr = "127.0.0.1:9991"
 )
+
+// MaxCandidateBytes is the largest candidate configuration a dry run takes (POST
+// /api/dryrun; larger: 413): 1 MiB, the most a Kubernetes ConfigMap holds, where the hub's
+// file is deployed (deploy/hub).
+const MaxCandidateBytes = 1 << 20
 
 // OriginAnnotation is set on every served resource to the name of the cluster it came from.
 const OriginAnnotation = "meshfed.io/origin-cluster"

@@ -103,19 +103,6 @@ func (p prefixPattern) match(s string) bool {
 	return s == p.body
 }
 
-// overlaps reports whether some string matches both.
-func (p prefixPattern) overlaps(o prefixPattern) bool {
-	switch {
-	case p.prefix && o.prefix:
-		return strings.HasPrefix(p.body, o.body) || strings.HasPrefix(o.body, p.body)
-	case p.prefix:
-		return strings.HasPrefix(o.body, p.body)
-	case o.prefix:
-		return strings.HasPrefix(p.body, o.body)
-	}
-	return p.body == o.body
-}
-
 func (p prefixPattern) String() string {
 	if p.prefix {
 		return p.body + "*"
@@ -165,6 +152,24 @@ func ValidName(name string) error {
 // tenant does not have.
 func New(field string, tenants []Tenant) (*Set, error) {
 	s := &Set{byName: map[string]*tenant{}, ofCluster: map[string]*tenant{}, operators: map[string]*tenant{}}
+	// Sink patterns of two tenants may not overlap. Rather than compare each tenant's with
+	// every earlier tenant's (O(patterns²): seconds at a few thousand tenants), an index of
+	// every tenant's patterns, numbered in order, answers the first earlier pattern each
+	// overlaps (pattern.Index). A tenant whose patterns do not parse stops New before its
+	// own are looked up or added.
+	sinks := make([][]prefixPattern, len(tenants))
+	first := make([]int, len(tenants)+1) // tenant -> the number of its first pattern
+	var terms []pattern.Term
+	var owner []int // pattern -> tenant
+	for i, spec := range tenants {
+		first[i] = len(terms)
+		sinks[i], _ = parsePatterns("", spec.Sinks)
+		for _, p := range sinks[i] {
+			terms, owner = append(terms, pattern.Term{Key: p.body, Prefix: p.prefix}), append(owner, i)
+		}
+	}
+	first[len(tenants)] = len(terms)
+	earlier := pattern.NewIndex(terms)
 	for i, spec := range tenants {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		if err := ValidName(spec.Name); err != nil {
@@ -179,9 +184,10 @@ func New(field string, tenants []Tenant) (*Set, error) {
 		if len(spec.Sinks) == 0 {
 			return nil, fmt.Errorf("%s.sinks: required: the identities of the tenant's sinks (exact, or a prefix ending in \"*\")", f)
 		}
-		if t.sinks, err = parsePatterns(f+".sinks", spec.Sinks); err != nil {
+		if _, err = parsePatterns(f+".sinks", spec.Sinks); err != nil {
 			return nil, err
 		}
+		t.sinks = sinks[i]
 		for j, c := range spec.Clusters {
 			switch other := s.ofCluster[c]; {
 			case other == t:
@@ -200,20 +206,26 @@ func New(field string, tenants []Tenant) (*Set, error) {
 			}
 			s.operators[op] = t
 		}
-		for _, o := range s.tenants {
-			for j, a := range t.sinks {
-				for _, b := range o.sinks {
-					if a.overlaps(b) {
-						return nil, fmt.Errorf("%s.sinks[%d]: %q and tenant %q's %q could both match one identity: a sink belongs to one tenant", f, j, a, o.spec.Name, b)
-					}
-				}
+		// The first overlap in the order of comparing each earlier tenant's patterns with
+		// each of this one's: the earliest tenant, then this tenant's pattern, then its.
+		ja, jb := -1, -1
+		for a := first[i]; a < first[i+1]; a++ {
+			if b, ok := earlier.First(a); ok && (ja < 0 || owner[b] < owner[jb]) {
+				ja, jb = a, b
 			}
+		}
+		if ja >= 0 {
+			o := s.tenants[owner[jb]]
+			return nil, fmt.Errorf("%s.sinks[%d]: %q and tenant %q's %q could both match one identity: a sink belongs to one tenant", f, ja-first[i], sinks[i][ja-first[i]], o.spec.Name, sinks[owner[jb]][jb-first[owner[jb]]])
+		}
+		for a := first[i]; a < first[i+1]; a++ {
+			earlier.Add(a)
 		}
 		s.tenants = append(s.tenants, t)
 		s.byName[spec.Name] = t
 	}
 	for i, t := range s.tenants {
-		seen := map[string]bool{}
+		seen, receives := map[string]bool{}, map[string]bool{}
 		for j, e := range t.spec.Exports {
 			f := fmt.Sprintf("%s[%d] (%q).exports[%d]", field, i, t.spec.Name, j)
 			if e.Name == "" || seen[e.Name] {
@@ -237,7 +249,8 @@ func New(field string, tenants []Tenant) (*Set, error) {
 					return nil, fmt.Errorf("%s.to[%d]: %q is the exporting tenant itself", f, k, to)
 				}
 				dst.incoming = append(dst.incoming, x)
-				if !slices.Contains(t.receivers, to) {
+				if !receives[to] {
+					receives[to] = true
 					t.receivers = append(t.receivers, to)
 				}
 			}
@@ -256,12 +269,12 @@ func compileExport(f string, e Export, from *tenant) (*export, error) {
 	if x.clusters, err = parsePatterns(f+".clusters", e.Clusters); err != nil {
 		return nil, err
 	}
+	// Whether a pattern matches one of the tenant's clusters, by binary search in their
+	// sorted names (the names a prefix matches follow it), not by trying each.
+	names := slices.Sorted(slices.Values(from.spec.Clusters))
 	for k, p := range x.clusters {
-		found := false
-		for _, c := range from.spec.Clusters {
-			found = found || p.match(c)
-		}
-		if !found {
+		i := sort.SearchStrings(names, p.body)
+		if i == len(names) || !p.match(names[i]) {
 			return nil, fmt.Errorf("%s.clusters[%d]: %q matches none of tenant %q's clusters", f, k, p, from.spec.Name)
 		}
 	}
