@@ -90,6 +90,14 @@ func (e *Entry) Decode() (*mcpapi.Resource, error) {
 	return r, nil
 }
 
+// DecodeEntry checks an encoded Resource as one received from a peer is checked (wire
+// format, UTF-8, metadata.name) and returns it as an Entry that keeps b: for a Resource read
+// back from where it was kept as received.
+func DecodeEntry(b []byte) (*Entry, error) {
+	e, _, err := decodeEntry(b)
+	return e, err
+}
+
 // decodeEntry fully validates an encoded Resource received from a peer (wire format, UTF-8,
 // metadata.name) and returns it as an Entry that keeps b, and decoded.
 func decodeEntry(b []byte) (*Entry, *mcpapi.Resource, error) {

@@ -11,6 +11,8 @@
 // cluster's identity, to what the hub's routing gives its cluster, and re-serves that to the
 // cluster's istiod over MCP-over-xDS and MCP ResourceSource, keeping the last state received
 // in a state file so that istiod is served while the hub is unreachable and after a restart.
+// The relay runs beside the publishing and never stops it: a damaged state file is moved
+// aside, and one that cannot be written is given up for memory (relayfile.go says why).
 //
 // It does not decide who may publish what (that is the hub's ownership ACL). What it
 // publishes it holds only as it watches it: a restart resyncs from the sources; the relay's

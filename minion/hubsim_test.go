@@ -42,6 +42,8 @@ type hubSim struct {
 	stop  func()
 	creds credentials.TransportCredentials // nil: plaintext
 	peers []string                         // client certificate common names, when TLS
+	// register, when set, registers more services on the server (the relay's source).
+	register func(t testing.TB, srv *grpc.Server)
 }
 
 func startHubSim(t testing.TB, collections ...string) *hubSim {
@@ -52,14 +54,24 @@ func startHubSim(t testing.TB, collections ...string) *hubSim {
 // startHubSimWith serves with creds (mutual TLS), recording each client certificate's name.
 func startHubSimWith(t testing.TB, creds credentials.TransportCredentials, collections ...string) *hubSim {
 	t.Helper()
-	h := &hubSim{collections: collections, state: map[string]map[string]*mcpapi.Resource{}, removed: map[string][]string{}, creds: creds}
+	h := newHubSim(creds, collections...)
+	h.listen(t)
+	return h
+}
+
+func newHubSim(creds credentials.TransportCredentials, collections ...string) *hubSim {
+	return &hubSim{collections: collections, state: map[string]map[string]*mcpapi.Resource{}, removed: map[string][]string{}, creds: creds}
+}
+
+// listen serves on a new loopback address.
+func (h *hubSim) listen(t testing.TB) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.Addr = lis.Addr().String()
 	h.stop = h.serve(t, lis)
-	return h
 }
 
 // Stop stops serving (streams end); the state is kept, as a hub's would be.
@@ -103,6 +115,9 @@ func (h *hubSim) serve(t testing.TB, lis net.Listener) func() {
 		return mcp.NewSink(mcp.SinkOptions{Collections: h.collections, Applier: h, Logger: log,
 			InitialVersions: h.versions})
 	}, mcp.ServerConfig{Logger: log, StreamRate: 1000, StreamBurst: 1000, Authenticate: h.authenticate}).Register(srv)
+	if h.register != nil {
+		h.register(t, srv)
+	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	var once sync.Once

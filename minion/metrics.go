@@ -19,6 +19,11 @@ type Metrics struct {
 	resyncs       *prometheus.CounterVec
 	certs         *procmetrics.Certificates
 	connsRefused  *prometheus.CounterVec
+	// The relay's state file: vectors without labels, so that a minion without one exports
+	// none of them.
+	relayResets   *prometheus.CounterVec
+	relayFailures *prometheus.CounterVec
+	relayKept     *prometheus.GaugeVec
 }
 
 // NewMetrics creates the minion's metrics and registers them with reg.
@@ -43,7 +48,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Informer resyncs of unchanged objects, skipped without converting or publishing, by collection."}, []string{"collection"})
 	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_refused_total",
 		Help: "Connections refused or closed before their handshake completed, by listener (listen, relay, http) and reason (max_connections: the process's cap; pending_per_ip: the address's connections in handshake; handshake_timeout: not completed in time)."}, []string{"listener", "reason"})
-	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.resyncs, m.connsRefused)
+	m.relayResets = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_state_file_resets_total",
+		Help: "Relay state files found damaged (not a bbolt file, truncated, damaged pages, another layout, a record that does not decode) and moved aside: the relay started a new one and served nothing the damaged one held."}, nil)
+	m.relayFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_state_file_write_failures_total",
+		Help: "Failed writes of the relay's state file, retries included: the relay then serves the hub's pushes from memory, and a restart serves nothing until the hub answers."}, nil)
+	m.relayKept = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "relay_state_file_kept",
+		Help: "1 while the relay's state file holds what the relay serves, so that a restart serves it until the hub answers; 0 while it cannot be opened or written (the log and /status say why)."}, nil)
+	reg.MustRegister(m.objectsGauge, m.conversions, m.problemsGauge, m.rejections, m.connected, m.connects, m.resyncs,
+		m.connsRefused, m.relayResets, m.relayFailures, m.relayKept)
 	m.certs = procmetrics.Register(reg)
 	return m
 }
@@ -123,4 +135,48 @@ func (m *Metrics) resync(collection string) {
 		return
 	}
 	m.resyncs.WithLabelValues(collection).Inc()
+}
+
+func (m *Metrics) relayFileReset() {
+	if m == nil {
+		return
+	}
+	m.relayResets.WithLabelValues().Inc()
+}
+
+func (m *Metrics) relayFileWriteFailed() {
+	if m == nil {
+		return
+	}
+	m.relayFailures.WithLabelValues().Inc()
+}
+
+// relayFileCounters starts the state file's counters at 0, with a relay that has one: a
+// counter that first appears at 1 shows no increase.
+func (m *Metrics) relayFileCounters() {
+	if m == nil {
+		return
+	}
+	m.relayResets.WithLabelValues().Add(0)
+	m.relayFailures.WithLabelValues().Add(0)
+}
+
+// relayFileKept says whether the relay's state file holds what the relay serves.
+func (m *Metrics) relayFileKept(kept bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if kept {
+		v = 1
+	}
+	m.relayKept.WithLabelValues().Set(v)
+}
+
+// relayFileClosed removes the kept gauge with the file: the next configuration may have none.
+func (m *Metrics) relayFileClosed() {
+	if m == nil {
+		return
+	}
+	m.relayKept.Reset()
 }

@@ -165,7 +165,7 @@ func New(cfg *Config, log *slog.Logger, tel *Telemetry) (*Minion, error) {
 		if err != nil {
 			return nil, err
 		}
-		if m.relay, err = newRelay(*cfg.Relay, cfg.Cluster, table, m.log, m.mcpMetrics); err != nil {
+		if m.relay, err = newRelay(*cfg.Relay, cfg.Cluster, table, m.log, m.mcpMetrics, m.metrics); err != nil {
 			return nil, err
 		}
 	}
@@ -302,15 +302,8 @@ func (m *Minion) onAttemptEnd(addr string, _ error) {
 }
 
 // Run runs the sources, then — once every source has synced, so a restart never publishes
-// an empty state — the destinations, until ctx ends.
+// an empty state — the destinations, until ctx ends. The relay runs beside them.
 func (m *Minion) Run(ctx context.Context) error {
-	// The relay's state first: a minion that cannot open it returns having started nothing.
-	if m.relay != nil {
-		if err := m.relay.open(); err != nil {
-			return err
-		}
-		defer m.relay.close()
-	}
 	g, ctx := errgroup.WithContext(ctx)
 	if m.cfg.HTTP != "" {
 		// Probes and Prometheus get through a flood of the other listeners.
@@ -328,15 +321,9 @@ func (m *Minion) Run(ctx context.Context) error {
 	}
 	if m.relay != nil {
 		// The relay serves and follows the hub from the start, whether or not this minion's
-		// own sources have synced: istiod depends on it, not on them.
-		g.Go(func() error { return m.relay.serve(ctx, m) })
-		addrs, _ := parsePushURL(m.cfg.Destinations.Push[0])
-		g.Go(func() error {
-			mcp.Redial(ctx, addrs, m.clientCreds, backoff(m.cfg.Destinations.Backoff), m.relay.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
-				return m.relay.sink.PullFrom(m.claim(ctx), conn)
-			})
-			return nil
-		})
+		// own sources have synced: istiod depends on it, not on them. Publishing does not
+		// depend on the relay either: whatever becomes of its state file, it goes on.
+		g.Go(func() error { return m.relay.run(ctx, m) })
 	}
 	g.Go(func() error {
 		if !m.waitSynced(ctx) {
@@ -346,6 +333,15 @@ func (m *Minion) Run(ctx context.Context) error {
 		return m.runDestinations(ctx)
 	})
 	return g.Wait()
+}
+
+// followHub is the relay's stream to the hub: a subscription on the ingest listener of the
+// first push destination, with this minion's identity, redialled with its backoff.
+func (m *Minion) followHub(ctx context.Context) {
+	addrs, _ := parsePushURL(m.cfg.Destinations.Push[0])
+	mcp.Redial(ctx, addrs, m.clientCreds, backoff(m.cfg.Destinations.Backoff), m.relay.log, nil, func(ctx context.Context, conn *grpc.ClientConn) error {
+		return m.relay.sink.PullFrom(m.claim(ctx), conn)
+	})
 }
 
 func (m *Minion) waitSynced(ctx context.Context) bool {

@@ -6,14 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -29,10 +29,11 @@ import (
 // with its cluster's identity, to what the hub's routing gives its cluster, and re-serves it
 // inside the cluster to that cluster's istiod, over MCP-over-xDS (what istiod speaks) and
 // MCP ResourceSource. istiod exits at start when its config source is unreachable, so the
-// relay keeps the last state it received in a file and serves it while the hub is
-// unreachable and after its own restart, until the hub answers. It serves nothing before it
-// has a whole state (from the file or the hub): an empty answer would make istiod delete
-// what its proxies run.
+// relay keeps the last state it received in a file (relayfile.go) and serves it while the
+// hub is unreachable and after its own restart, until the hub answers. It serves nothing
+// before it has a whole state (from the file or the hub): an empty answer would make istiod
+// delete what its proxies run. It runs beside the minion's publishing and never holds it up:
+// its file's problems are its own.
 
 // RelayConfig enables the relay.
 type RelayConfig struct {
@@ -44,7 +45,8 @@ type RelayConfig struct {
 	// Without it the listener is plaintext: for a pod-local or cluster-internal address.
 	TLS *meshtls.Files `json:"tls,omitempty"`
 	// StateFile keeps the last state received from the hub (a bbolt file). Without it, a
-	// restarted relay serves nothing until the hub answers.
+	// restarted relay serves nothing until the hub answers. A damaged file is moved aside
+	// (<file>.corrupt-<UTC time>) and the relay starts without it.
 	StateFile string `json:"stateFile,omitempty"`
 	// Collections relayed, typed as anywhere. Default: every kind of the minion's table
 	// (what istiod asks for).
@@ -56,9 +58,6 @@ type RelayConfig struct {
 // every push fail).
 const relayMaxMessageSize = 64 << 20
 
-// relayStateOpenTimeout bounds the wait for the state file's lock (another minion holding it).
-const relayStateOpenTimeout = 5 * time.Second
-
 // Relay is a running relay.
 type Relay struct {
 	cfg   RelayConfig
@@ -66,7 +65,7 @@ type Relay struct {
 	table *kinds.Table
 	cache *mcp.Cache
 	sink  *mcp.Sink
-	db    *bolt.DB // nil without a state file
+	file  *relayFile // nil without a state file
 	creds credentials.TransportCredentials
 	cert  *meshtls.Source // what creds serve (nil: plaintext), for its expiry metric
 	addr  atomic.Pointer[string]
@@ -74,24 +73,38 @@ type Relay struct {
 
 	upstream atomic.Int64 // open streams to the hub
 
+	// fileRetry is how often the relay tries again to take a state file it does not hold.
+	fileRetry time.Duration
+	// keepMu orders what changes the served state with the state file: the hub's pushes
+	// (apply) and taking the file (takeFile). The file's methods run under it.
+	keepMu  sync.Mutex
+	applied bool // guarded by keepMu: the relay has served a push of the hub's since it started
+	// superseded, guarded by keepMu, is a stream to the hub that opened before the relay
+	// took what its state file holds: its pushes follow what the relay declared then.
+	superseded *mcp.StreamInfo
+
 	downMu sync.Mutex                           // guards down and its RelayedSinks
 	down   map[*mcp.StreamInfo]*api.RelayedSink // the sinks it serves, by stream
 
 	mu         sync.Mutex      // guards the following fields
+	hubStream  *mcp.StreamInfo // the stream to the hub, while one is open
 	kept       bool            // the state file held a whole state at the start
 	got        map[string]bool // collections received whole from the hub on its current stream
 	lastSynced time.Time       // when got last became complete (zero: not since the start)
 }
 
 // newRelay builds the relay: its cache, its listener's credentials and its sink of the hub's
-// pushes. Its state file is opened by open, when the minion runs.
-func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Logger, mm *mcp.Metrics) (*Relay, error) {
+// pushes. Its state file is opened when it runs.
+func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Logger, mm *mcp.Metrics, metrics *Metrics) (*Relay, error) {
 	colls := cfg.Collections
 	if len(colls) == 0 {
 		colls = table.Collections()
 	}
 	r := &Relay{cfg: cfg, log: log.With("component", "relay"), table: table, cache: mcp.NewCache(colls...), mm: mm,
-		down: map[*mcp.StreamInfo]*api.RelayedSink{}, got: map[string]bool{}}
+		down: map[*mcp.StreamInfo]*api.RelayedSink{}, got: map[string]bool{}, fileRetry: relayFileRetry}
+	if cfg.StateFile != "" {
+		r.file = newRelayFile(cfg.StateFile, r.cache.Collections(), r.log, metrics)
+	}
 	if cfg.TLS != nil {
 		ts, err := meshtls.NewSource(*cfg.TLS, r.log)
 		if err != nil {
@@ -118,36 +131,110 @@ func newRelay(cfg RelayConfig, cluster string, table *kinds.Table, log *slog.Log
 	return r, nil
 }
 
-// open opens the state file (held until close: one minion at a time) and serves what it
-// holds at once if it is whole.
-func (r *Relay) open() error {
-	if r.cfg.StateFile == "" {
-		return nil
-	}
-	db, err := bolt.Open(r.cfg.StateFile, 0o600, &bolt.Options{Timeout: relayStateOpenTimeout})
+// run runs the relay until ctx ends: its listener, its state file and, through follow, its
+// stream to the hub. Only a listener that cannot be opened is an error: the state file's
+// problems are reported (log, metrics, status), never a reason to stop the minion.
+func (r *Relay) run(ctx context.Context, m *Minion) error {
+	follow := m.followHub
+	lis, err := r.listen(m)
 	if err != nil {
-		return fmt.Errorf("relay.stateFile: %w", err)
+		return err
 	}
-	r.db = db
-	whole, n, err := r.load()
-	if err != nil {
-		r.close()
-		return fmt.Errorf("relay.stateFile %s: %w", r.cfg.StateFile, err)
+	g, ctx := errgroup.WithContext(ctx)
+	if r.file != nil {
+		r.takeFile() // before serving: istiod's first stream is served the kept state
+		defer r.closeFile()
+		g.Go(func() error { r.retryFile(ctx); return nil })
 	}
-	if whole {
-		r.mu.Lock()
-		r.kept = true
-		r.mu.Unlock()
-		r.log.Info("serving the last state received from the hub until it answers", "file", r.cfg.StateFile, "resources", n)
-	}
-	return nil
+	g.Go(func() error { return r.serve(ctx, lis, m) })
+	g.Go(func() error { follow(ctx); return nil })
+	return g.Wait()
 }
 
-func (r *Relay) close() {
-	if r.db != nil {
-		_ = r.db.Close()
-		r.db = nil
+// takeFile opens the state file if the relay does not hold it: when it starts, and every
+// fileRetry after that while it could not open or write it. A relay that has served nothing
+// from the hub yet serves what the file holds, when it is whole, as after a restart (and
+// subscribes again, declaring it); one that has makes the file hold what it serves, marked
+// whole when it is.
+func (r *Relay) takeFile() {
+	r.keepMu.Lock()
+	defer r.keepMu.Unlock()
+	if r.file.holds() {
+		return
 	}
+	state, whole, ok := r.file.open()
+	if !ok {
+		return
+	}
+	if r.applied {
+		if !r.file.rewrite(r.served(), r.Ready()) {
+			return
+		}
+	} else {
+		r.serveKept(state, whole)
+		r.resubscribe()
+	}
+	r.file.kept()
+}
+
+// resubscribe ends the stream to the hub, if one is open, once the relay holds what its
+// state file held: the hub's pushes on that stream follow the versions the relay declared
+// when it opened, so they are refused (apply), and the next stream declares what the relay
+// holds now (versions waits for keepMu, so a stream never declares half of it).
+func (r *Relay) resubscribe() {
+	r.mu.Lock()
+	s := r.hubStream
+	r.mu.Unlock()
+	if s != nil {
+		r.superseded = s
+		s.Close()
+	}
+}
+
+func (r *Relay) retryFile(ctx context.Context) {
+	t := time.NewTicker(r.fileRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.takeFile()
+		}
+	}
+}
+
+func (r *Relay) closeFile() {
+	r.keepMu.Lock()
+	defer r.keepMu.Unlock()
+	r.file.close()
+}
+
+// serveKept serves a state read from the file before the hub has pushed anything: all of
+// it, so that the relay declares it to the hub and resumes, and to istiod only if it is
+// whole.
+func (r *Relay) serveKept(state map[string][]*mcp.Entry, whole bool) {
+	n := 0
+	for c, entries := range state {
+		r.cache.Replace(c, entries)
+		n += len(entries)
+	}
+	if !whole {
+		return
+	}
+	r.mu.Lock()
+	r.kept = true
+	r.mu.Unlock()
+	r.log.Info("serving the last state received from the hub until it answers", "file", r.cfg.StateFile, "resources", n)
+}
+
+// served is what the relay serves, by collection.
+func (r *Relay) served() map[string][]*mcp.Entry {
+	out := map[string][]*mcp.Entry{}
+	for _, c := range r.cache.Collections() {
+		out[c] = r.cache.Entries(c)
+	}
+	return out
 }
 
 // Ready reports whether the relay serves: it has a whole state, from its file or the hub.
@@ -257,6 +344,8 @@ type RelayStatus struct {
 	// kept state, or nothing).
 	HubConnected bool       `json:"hubConnected"`
 	LastSynced   *time.Time `json:"lastSynced,omitempty"`
+	// StateFile is the state file's, when there is one.
+	StateFile *RelayStateFile `json:"stateFile,omitempty"`
 }
 
 // Status returns the relay's state.
@@ -275,6 +364,10 @@ func (r *Relay) Status() RelayStatus {
 	for _, c := range r.cache.Collections() {
 		st.Objects[c] = r.cache.Len(c)
 	}
+	if r.file != nil {
+		fs := r.file.status()
+		st.StateFile = &fs
+	}
 	return st
 }
 
@@ -283,6 +376,8 @@ func (r *Relay) Cache() *mcp.Cache { return r.cache }
 
 // versions are what the relay holds of a collection, declared to the hub on a new stream.
 func (r *Relay) versions(collection string) map[string]string {
+	r.keepMu.Lock()
+	defer r.keepMu.Unlock()
 	out := map[string]string{}
 	for _, e := range r.cache.Entries(collection) {
 		out[e.Name] = e.Version
@@ -290,15 +385,21 @@ func (r *Relay) versions(collection string) map[string]string {
 	return out
 }
 
-// apply keeps a push from the hub: in the file first, then served, so a restart never
-// serves a state older than what istiod last saw. A push that cannot be kept is refused and
-// the stream ended: on the next one the relay declares what it holds, and the hub resends.
+// apply serves a push from the hub, kept in the state file first (keep). One that keep
+// refuses is not served, and the stream ends: on the next one the relay declares what it
+// holds, and the hub resends.
 func (r *Relay) apply(_ context.Context, c *mcp.Change) error {
-	if err := r.persist(c); err != nil {
-		r.log.Error("cannot keep the relayed state; not serving this push, resubscribing", "collection", c.Collection, "err", err)
+	r.keepMu.Lock()
+	defer r.keepMu.Unlock()
+	if c.Stream != nil && c.Stream == r.superseded {
+		return errors.New("a push of a stream that opened before the relay took its state file")
+	}
+	if err := r.keep(c); err != nil {
+		r.log.Warn("refusing the hub's push: a restart would serve the state file's older state", "collection", c.Collection, "file", r.cfg.StateFile, "err", err)
 		c.Stream.Close()
 		return fmt.Errorf("relay state file: %w", err)
 	}
+	r.applied = true
 	if c.Incremental {
 		r.cache.Update(c.Collection, c.Entries, c.Removed)
 	} else {
@@ -329,134 +430,63 @@ func (r *Relay) delivered(collection string) (first bool) {
 
 // upstreamOpened and upstreamClosed follow the relay's stream to the hub: a new stream
 // delivers every collection again before the relay counts as synced from it.
-func (r *Relay) upstreamOpened(*mcp.StreamInfo) {
+func (r *Relay) upstreamOpened(i *mcp.StreamInfo) {
 	r.upstream.Add(1)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.hubStream = i
 	clear(r.got)
 }
 
-func (r *Relay) upstreamClosed(*mcp.StreamInfo, error) { r.upstream.Add(-1) }
+func (r *Relay) upstreamClosed(i *mcp.StreamInfo, _ error) {
+	r.upstream.Add(-1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hubStream == i {
+		r.hubStream = nil
+	}
+}
+
+// keep decides whether a push may be served, and keeps it in the state file when it can. A
+// restarted relay serves the file until the hub answers, and that must never be a state
+// older than one istiod has seen: so the push is written before it is served, and if it
+// cannot be, the file is withdrawn (removed) and the push served from memory alone; takeFile
+// writes a new file from what is served once it can. It is an error only when the file can
+// be neither written nor withdrawn: the push must then not be served, and istiod keeps what
+// it has.
+func (r *Relay) keep(c *mcp.Change) error {
+	if r.file == nil || r.file.write(c) {
+		return nil
+	}
+	return r.file.withdraw()
+}
 
 // markWhole records in the state file that every collection has been received whole (the
 // relay serves from then on): a restart before the hub answers serves it too, as long as it
 // relays the same collections.
 func (r *Relay) markWhole() {
-	if r.db != nil {
-		if err := r.db.Update(func(tx *bolt.Tx) error {
-			b, err := tx.CreateBucketIfNotExists(metaBucket)
-			if err != nil {
-				return err
-			}
-			return b.Put(wholeKey, []byte(r.collectionSet()))
-		}); err != nil {
-			r.log.Error("cannot mark the relayed state whole", "err", err)
-		}
+	if r.file != nil {
+		r.file.markWhole()
 	}
 	r.log.Info("relaying the hub's state for this cluster")
 }
 
-// collectionSet names the relayed collections, as the whole marker records them.
-func (r *Relay) collectionSet() string { return strings.Join(r.cache.Collections(), ",") }
-
-var (
-	metaBucket = []byte("meta")
-	wholeKey   = []byte("whole")
-)
-
-const collectionPrefix = "collection/"
-
-func collectionBucket(c string) []byte { return []byte(collectionPrefix + c) }
-
-func (r *Relay) persist(c *mcp.Change) error {
-	if r.db == nil {
-		return nil
-	}
-	return r.db.Update(func(tx *bolt.Tx) error {
-		name := collectionBucket(c.Collection)
-		if !c.Incremental {
-			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
-				return err
-			}
-		}
-		b, err := tx.CreateBucketIfNotExists(name)
-		if err != nil {
-			return err
-		}
-		for _, e := range c.Entries {
-			if err := b.Put([]byte(e.Name), e.Encoded); err != nil {
-				return err
-			}
-		}
-		for _, n := range c.Removed {
-			if err := b.Delete([]byte(n)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
-// load serves what the file holds; whole reports whether it was marked whole for the
-// collections relayed now. Collections no longer relayed are dropped from the file.
-func (r *Relay) load() (whole bool, n int, err error) {
-	relayed := map[string]bool{}
-	for _, c := range r.cache.Collections() {
-		relayed[string(collectionBucket(c))] = true
-	}
-	err = r.db.Update(func(tx *bolt.Tx) error {
-		if m := tx.Bucket(metaBucket); m != nil && string(m.Get(wholeKey)) == r.collectionSet() {
-			whole = true
-		}
-		var stale [][]byte
-		if err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-			if strings.HasPrefix(string(name), collectionPrefix) && !relayed[string(name)] {
-				stale = append(stale, append([]byte(nil), name...))
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, name := range stale {
-			if err := tx.DeleteBucket(name); err != nil {
-				return err
-			}
-		}
-		for _, c := range r.cache.Collections() {
-			b := tx.Bucket(collectionBucket(c))
-			if b == nil {
-				continue
-			}
-			var entries []*mcp.Entry
-			if err := b.ForEach(func(_, v []byte) error {
-				e, err := mcp.EntryFromBytes(append([]byte(nil), v...)) // bbolt's bytes live only in the transaction
-				if err != nil {
-					return err
-				}
-				entries = append(entries, e)
-				return nil
-			}); err != nil {
-				return fmt.Errorf("collection %s: %w", c, err)
-			}
-			r.cache.Replace(c, entries)
-			n += len(entries)
-		}
-		return nil
-	})
-	return whole, n, err
-}
-
-// serve runs the relay's listener until ctx ends: MCP ResourceSource and MCP-over-xDS over
-// what it holds, refused (Unavailable, so istiod retries) until it has a whole state. Its
-// connections are admitted by m's bounds.
-func (r *Relay) serve(ctx context.Context, m *Minion) error {
-	tlsOn := r.creds != nil
-	lis, err := m.conns.Listen("relay", r.cfg.Listen, grpcListener(tlsOn))
+// listen opens the relay's listener, its connections admitted by m's bounds.
+func (r *Relay) listen(m *Minion) (net.Listener, error) {
+	lis, err := m.conns.Listen("relay", r.cfg.Listen, grpcListener(r.creds != nil))
 	if err != nil {
-		return fmt.Errorf("relay.listen: %w", err)
+		return nil, fmt.Errorf("relay.listen: %w", err)
 	}
 	addr := lis.Addr().String()
 	r.addr.Store(&addr)
+	return lis, nil
+}
+
+// serve serves lis until ctx ends: MCP ResourceSource and MCP-over-xDS over what the relay
+// holds, refused (Unavailable, so istiod retries) until it has a whole state.
+func (r *Relay) serve(ctx context.Context, lis net.Listener, m *Minion) error {
+	addr := lis.Addr().String()
+	tlsOn := r.creds != nil
 	opts := append(mcp.SourceServerOptions(), m.grpcConnOptions(r.creds, tlsOn)...)
 	if !tlsOn {
 		r.log.Warn("relay listener is plaintext: keep it pod-local or cluster-internal", "addr", addr)
@@ -466,11 +496,13 @@ func (r *Relay) serve(ctx context.Context, m *Minion) error {
 	hooks := mcp.Hooks{StreamOpened: r.downOpened, StreamClosed: r.downClosed, Pushed: r.downPushed, Acked: r.downAcked}
 	src, err := mcp.NewSource(mcp.SourceOptions{Watcher: r.cache, Logger: r.log, Metrics: r.mm, Hooks: hooks})
 	if err != nil {
+		_ = lis.Close()
 		return err
 	}
 	mcp.NewSourceServer(src, sc).Register(srv)
 	xds, err := mcp.NewXDSServer(r.cache, mcp.XDSOptions{Resolve: r.resolve, Server: sc, Hooks: hooks})
 	if err != nil {
+		_ = lis.Close()
 		return err
 	}
 	xds.Register(srv)

@@ -7,32 +7,39 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshfed/meshfed/internal/boltfile"
 	"github.com/meshfed/meshfed/mcp"
 	"github.com/meshfed/meshfed/mcp/kinds"
 )
 
-// A minion whose relay state file cannot be opened does not run, and leaves nothing running
-// behind it: not its HTTP endpoints (a reload that goes back to the previous configuration
-// binds them again), nor its sources.
-func TestRunRelayStateUnopenableStartsNothing(t *testing.T) {
+// A minion whose relay cannot listen does not run, and leaves nothing running behind it:
+// not its HTTP endpoints (a reload that goes back to the previous configuration binds them
+// again), nor its relay's state file, which the next configuration opens.
+func TestRunRelayListenInUseStartsNothing(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
 	cfg := fsConfig(t.TempDir(), "push://"+deadAddr(t))
 	cfg.HTTP = deadAddr(t)
-	cfg.Relay = &RelayConfig{Listen: "127.0.0.1:0", StateFile: filepath.Join(t.TempDir(), "missing", "relay.db")}
+	state := filepath.Join(t.TempDir(), "relay.db")
+	cfg.Relay = &RelayConfig{Listen: taken.Addr().String(), StateFile: state}
 	m, err := New(cfg, testLog(t), NewTelemetry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := m.Run(ctx); err == nil || !strings.Contains(err.Error(), "relay.stateFile") {
-		t.Fatalf("Run: %v, want the state file's error", err)
+	if err := m.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "relay.listen") {
+		t.Fatalf("Run: %v, want the relay listener's error", err)
 	}
 	if c, err := net.Dial("tcp", cfg.HTTP); err == nil {
 		c.Close()
 		t.Errorf("the HTTP endpoints are still served at %s after Run returned", cfg.HTTP)
 	}
-	if m.sources[0].Synced() {
-		t.Error("the fs:// source ran after Run returned")
+	if db, _, err := boltfile.Open(state, boltfile.Options{Create: true}); err != nil {
+		t.Errorf("the relay's state file after Run returned: %v", err)
+	} else {
+		db.Close()
 	}
 }
 
@@ -44,7 +51,7 @@ func TestRelayStatusFromHubAcrossReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := newRelay(RelayConfig{Listen: "127.0.0.1:0", Collections: []string{vsColl, drColl}}, "east", table, testLog(t), nil)
+	r, err := newRelay(RelayConfig{Listen: "127.0.0.1:0", Collections: []string{vsColl, drColl}}, "east", table, testLog(t), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,8 @@
 // record that does not decode (its cluster, collection and name) — and never panic or fault
 // on one: the file's meta and freelist pages are checked with plain reads before bbolt maps
 // it (a panic inside bbolt's Open would leave the file mapped, and locked), and a panic or
-// memory fault inside bbolt while reading is turned into the error. A record decodes as the
+// memory fault inside bbolt while reading is turned into the error (package
+// internal/boltfile, which the minion relay's state file is opened with too). A record decodes as the
 // hub decodes one at ingest (the Resource's wire format and UTF-8, its metadata, its name
 // equal to its key), so what Load returns is what the hub accepted. OpenOrReset moves a
 // corrupt file aside to <path>.corrupt-<UTC time>, keeping the evidence, and starts with an

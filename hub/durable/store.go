@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +15,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
+	"github.com/meshfed/meshfed/internal/boltfile"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -213,9 +212,6 @@ func open(path string, log *slog.Logger, cfg config) (*Store, error) {
 	}
 	s := &Store{path: path, log: log, cfg: cfg, stop: make(chan struct{}), wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1),
 		done: make(chan struct{}), pending: newBatch(), commitCh: make(chan struct{})}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("state file %s: %w", path, err)
-	}
 	db, info, err := s.openDB(true)
 	if err != nil {
 		return nil, err
@@ -228,57 +224,11 @@ func open(path string, log *slog.Logger, cfg config) (*Store, error) {
 	return s, nil
 }
 
-// openDB opens the file with bbolt, after checking what bbolt does not (checkFile), and
-// checks its layout; create: a missing or empty file is initialized (a reopen must find the
-// file it had).
+// openDB opens the file (boltfile.Open: its lock, the checks bbolt does not make, bbolt
+// behind a guard) and checks its layout; create: a missing or empty file is initialized (a
+// reopen must find the file it had).
 func (s *Store) openDB(create bool) (*bolt.DB, os.FileInfo, error) {
-	flag := os.O_RDWR
-	if create {
-		flag |= os.O_CREATE
-	}
-	f, err := s.cfg.openFile(s.path, flag, 0o600)
-	if err != nil {
-		return nil, nil, fmt.Errorf("state file %s: %w", s.path, err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = f.Close() // bbolt may have closed it already
-		}
-	}()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, nil, fmt.Errorf("state file %s: %w", s.path, err)
-	}
-	if !info.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("state file %s: not a regular file (%s)", s.path, info.Mode().Type())
-	}
-	if err := lockFile(f, s.cfg.lockTimeout); err != nil {
-		return nil, nil, s.classifyOpen(err)
-	}
-	if info, err = f.Stat(); err != nil { // again: its last holder may have written it meanwhile
-		return nil, nil, fmt.Errorf("state file %s: %w", s.path, err)
-	}
-	switch {
-	case info.Size() == 0 && !create:
-		return nil, nil, fmt.Errorf("state file %s: the file is empty now; not writing a partial state into it", s.path)
-	case info.Size() > 0 && info.Size() < 2*1024: // two meta pages of bbolt's smallest page size
-		return nil, nil, &CorruptError{Path: s.path, Err: fmt.Errorf("the file is %d bytes: truncated, or not a bbolt file", info.Size())}
-	case info.Size() > 0 && preflight:
-		if err := checkFile(f, info.Size()); err != nil {
-			return nil, nil, &CorruptError{Path: s.path, Err: err}
-		}
-	}
-	opts := &bolt.Options{
-		Timeout:  s.cfg.lockTimeout,
-		OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil },
-	}
-	var db *bolt.DB
-	err = s.guard(func() error {
-		var err error
-		db, err = bolt.Open(s.path, 0o600, opts)
-		return err
-	})
+	db, info, err := boltfile.Open(s.path, boltfile.Options{LockTimeout: s.cfg.lockTimeout, Create: create, OpenFile: s.cfg.openFile})
 	if err != nil {
 		return nil, nil, s.classifyOpen(err)
 	}
@@ -303,41 +253,34 @@ func (s *Store) openDB(create bool) (*bolt.DB, os.FileInfo, error) {
 		_ = db.Close()
 		return nil, nil, err
 	}
-	ok = true
 	return db, info, nil
 }
 
-// errLockTimeout is lockFile's timeout.
-var errLockTimeout = errors.New("lock timeout")
-
-// classifyOpen turns bbolt's errors into the package's: the file's lock, a file that is
-// not a bbolt file, and anything else (an I/O or permission error) as it is.
+// classifyOpen turns boltfile's errors into the package's: a damaged file, the file's lock,
+// an emptied file, and anything else (an I/O or permission error) as it is.
 func (s *Store) classifyOpen(err error) error {
-	var ce *CorruptError
 	switch {
-	case errors.As(err, &ce):
-		return err
-	case errors.Is(err, errLockTimeout), errors.Is(err, berrors.ErrTimeout):
+	case boltfile.IsDamaged(err):
+		return s.corrupt(err)
+	case errors.Is(err, boltfile.ErrLocked):
 		return fmt.Errorf("state file %s: %w; gave up after %s", s.path, ErrLocked, s.cfg.lockTimeout)
-	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum):
-		return &CorruptError{Path: s.path, Err: fmt.Errorf("not a bbolt file, or both of its meta pages are damaged (%v)", err)}
-	case errors.Is(err, berrors.ErrVersionMismatch):
-		return &CorruptError{Path: s.path, Err: fmt.Errorf("a bbolt file of another bbolt version (%v)", err)}
+	case errors.Is(err, boltfile.ErrEmpty):
+		return fmt.Errorf("state file %s: the file is empty now; not writing a partial state into it", s.path)
 	}
 	return fmt.Errorf("state file %s: %w", s.path, err)
 }
 
-// guard runs f, turning a panic or a memory fault in it into a *CorruptError: bbolt panics
-// on pages that do not make sense and faults on pages past the file's end, and a bad file
-// must not take the hub down (on every restart).
-func (s *Store) guard(f func() error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = &CorruptError{Path: s.path, Err: fmt.Errorf("bbolt failed on it: %v", r)}
-		}
-	}()
-	return f()
+// guard runs f behind boltfile.Guard: a panic or a memory fault of bbolt's on a bad file is
+// a *CorruptError, and must not take the hub down (on every restart).
+func (s *Store) guard(f func() error) error { return s.corrupt(boltfile.Guard(f)) }
+
+// corrupt names the file in the damage boltfile reports.
+func (s *Store) corrupt(err error) error {
+	var de *boltfile.DamagedError
+	if errors.As(err, &de) {
+		return &CorruptError{Path: s.path, Err: de.Err}
+	}
+	return err
 }
 
 // checkLayout checks the top-level buckets and the format version. empty: the file has no
@@ -419,8 +362,8 @@ func openOrReset(path string, log *slog.Logger, cfg config) (*Store, map[string]
 	if !errors.As(err, &ce) {
 		return nil, nil, nil, err
 	}
-	moved := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000000000Z")
-	if rerr := os.Rename(path, moved); rerr != nil {
+	moved, rerr := boltfile.MoveAside(path)
+	if rerr != nil {
 		return nil, nil, nil, fmt.Errorf("%w; moving it aside failed: %v", err, rerr)
 	}
 	reset := &ResetError{MovedTo: moved, Err: ce}

@@ -320,11 +320,18 @@ func TestCorruptFiles(t *testing.T) {
 		}, []string{"the freelist's, is not a freelist page"}},
 		{"the root page overwritten", func(t *testing.T) string {
 			path := goodFile(t, 300)
-			f, _ := os.Open(path)
-			st, _ := f.Stat()
-			m, _ := bestMeta(f, st.Size())
-			f.Close()
-			overwritePage(t, path, int64(m.root), int64(m.pageSize))
+			var page uint64
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = db.View(func(tx *bolt.Tx) error {
+				page = uint64(tx.Cursor().Bucket().Root()) // the root bucket's page: the meta page's root
+				return nil
+			})
+			ps := db.Info().PageSize
+			db.Close()
+			overwritePage(t, path, int64(page), int64(ps))
 			return path
 		}, []string{"bbolt failed on it"}},
 		{"a collection's page overwritten", func(t *testing.T) string {

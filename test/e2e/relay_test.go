@@ -1,13 +1,17 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -95,19 +99,10 @@ func TestMinionRelay(t *testing.T) {
 	waitFor(t, 20*time.Second, "hub ready", h.Ready)
 	waitFor(t, 10*time.Second, "the relay listening and whole", func() bool { return m.Relay().Ready() && m.Relay().Addr() != "" })
 
-	follow := func(addr string) *mcp.Sink {
-		sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Node: &mcppb.SinkNode{Id: "istiod"}, FullStateOnly: true,
-			Applier: mcp.ApplierFunc(func(context.Context, *mcp.Change) error { return nil }), Logger: logger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pullOnce(t, addr, insecure.NewCredentials(), sink)
-		return sink
-	}
 	both := func(s *mcp.Sink) func() bool {
 		return func() bool { v := s.Versions(vs); return len(v) == 2 && v["shop/cart"] != "" && v["pay/api"] != "" }
 	}
-	istiod := follow(m.Relay().Addr())
+	istiod := relayedTo(t, m.Relay().Addr())
 	waitFor(t, 10*time.Second, "istiod holding east's and west's VirtualServices through the relay", both(istiod))
 	if st := m.Status().Relay; st == nil || !st.Serving || !st.FromHub || !st.HubConnected || st.LastSynced == nil || st.Objects[vs] != 2 || st.Streams != 1 {
 		t.Errorf("relay status = %+v, want serving from the connected hub, synced, 2 VirtualServices, 1 stream", st)
@@ -136,7 +131,7 @@ func TestMinionRelay(t *testing.T) {
 	// The hub goes away: the relay keeps serving what it had, to a new subscriber too.
 	stopHub()
 	held := istiod.Versions(vs)
-	waitFor(t, 10*time.Second, "a new istiod served while the hub is down", both(follow(m.Relay().Addr())))
+	waitFor(t, 10*time.Second, "a new istiod served while the hub is down", both(relayedTo(t, m.Relay().Addr())))
 	if got := istiod.Versions(vs); !maps.Equal(got, held) {
 		t.Errorf("istiod's state changed while the hub was down: %v -> %v", held, got)
 	}
@@ -148,7 +143,7 @@ func TestMinionRelay(t *testing.T) {
 	if st := m2.Status().Relay; !st.Serving || st.FromHub || st.HubConnected || st.LastSynced != nil || st.Objects[vs] != 2 {
 		t.Fatalf("restarted relay status = %+v, want serving its kept 2 VirtualServices, the hub not connected", st)
 	}
-	waitFor(t, 10*time.Second, "istiod served by the restarted relay", both(follow(m2.Relay().Addr())))
+	waitFor(t, 10*time.Second, "istiod served by the restarted relay", both(relayedTo(t, m2.Relay().Addr())))
 
 	// A relay that never had a whole state answers nothing rather than an empty state.
 	fresh := eastCfg()
@@ -158,6 +153,102 @@ func TestMinionRelay(t *testing.T) {
 	if err := openStream(t, m3.Relay().Addr(), insecure.NewCredentials(), true); status.Code(err) != codes.Unavailable {
 		t.Errorf("a relay without a state: %v, want Unavailable", err)
 	}
+}
+
+// A damaged relay state file stops neither the minion nor its relay, here one that bbolt,
+// unguarded, faults on (it is shorter than its pages say, and bbolt reads past its end): the
+// minion publishes to the hub, and the relay moves the file aside, serves istiod the hub's
+// state once the hub answers, and keeps it in a new file, which a restart serves while the
+// hub is down.
+func TestRelayDamagedStateFile(t *testing.T) {
+	p := newPKI(t)
+	cfg := p.hubConfig(t)
+	cfg.Routing = routing.Config{Rules: []routing.Rule{
+		{Name: "east-relay", Relays: true, Identities: []string{hub.ClusterIdentity(td, "east")}, Clusters: []string{"east", "west"}},
+	}}
+	cfg.Ingest, cfg.Serve, cfg.HTTP = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.StateDir = t.TempDir()
+	h, err := hub.New(cfg, logger(t).With("side", "hub"), hub.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopHub := testrun.Start(t, "hub Run", h.Run)
+	waitFor(t, 10*time.Second, "hub listening", func() bool { i, _, _ := h.Addrs(); return i != "" })
+	ingest, _, _ := h.Addrs()
+	east, west := t.TempDir(), t.TempDir()
+	writeFile(t, east, "cart.yaml", vsYAML("cart", "shop", "", "cart.shop.example.com"))
+	writeFile(t, west, "api.yaml", vsYAML("api", "pay", "", "api.pay.example.com"))
+	tlsMinion(t, p, "west", west, ingest)
+
+	state := filepath.Join(t.TempDir(), "relay.db")
+	truncatedBoltFile(t, state)
+	eastCfg := func() *minion.Config {
+		c, k, _ := p.ca.Issue(t, p.dir, "minion-east", hub.ClusterIdentity(td, "east"))
+		mc := minionConfig("east", "fs://"+east, ingest)
+		mc.TLS, mc.Insecure = &meshtls.Config{Files: meshtls.Files{Cert: c, Key: k, CA: p.bundle}}, false
+		mc.Relay = &minion.RelayConfig{Listen: "127.0.0.1:0", StateFile: state, Collections: []string{vs, dr}}
+		return mc
+	}
+	m, stopEast := startMinion(t, eastCfg())
+	// The hub is ready once both clusters have published: east's minion publishes.
+	waitFor(t, 20*time.Second, "hub ready", h.Ready)
+	waitFor(t, 10*time.Second, "the relay listening and whole", func() bool { return m.Relay().Ready() && m.Relay().Addr() != "" })
+	both := func(s *mcp.Sink) func() bool {
+		return func() bool { v := s.Versions(vs); return len(v) == 2 && v["shop/cart"] != "" && v["pay/api"] != "" }
+	}
+	waitFor(t, 10*time.Second, "istiod holding east's and west's VirtualServices through the relay", both(relayedTo(t, m.Relay().Addr())))
+	if moved, _ := filepath.Glob(state + ".corrupt-*"); len(moved) != 1 {
+		t.Errorf("files moved aside: %v, want the damaged one", moved)
+	}
+	waitFor(t, 10*time.Second, "the new state file kept", func() bool {
+		st := m.Status().Relay.StateFile
+		return st != nil && st.Kept
+	})
+
+	stopHub()
+	stopEast()
+	m2, _ := startMinion(t, eastCfg())
+	waitFor(t, 10*time.Second, "the restarted relay listening", func() bool { return m2.Relay().Addr() != "" })
+	waitFor(t, 10*time.Second, "istiod served the kept state by the restarted relay while the hub is down", both(relayedTo(t, m2.Relay().Addr())))
+}
+
+// truncatedBoltFile writes a bbolt file at path and cuts it one page short of what it holds.
+func truncatedBoltFile(t *testing.T, path string) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("collection/" + vs))
+		for i := 0; err == nil && i < 100; i++ {
+			err = b.Put(fmt.Appendf(nil, "shop/r%d", i), bytes.Repeat([]byte{'x'}, 500))
+		}
+		return err
+	})
+	var used int64
+	_ = db.View(func(tx *bolt.Tx) error { used = tx.Size(); return nil })
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, used-int64(os.Getpagesize())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// relayedTo follows a relay as istiod does (full states), until the test ends.
+func relayedTo(t *testing.T, addr string) *mcp.Sink {
+	t.Helper()
+	sink, err := mcp.NewSink(mcp.SinkOptions{Collections: []string{vs, dr}, Node: &mcppb.SinkNode{Id: "istiod"}, FullStateOnly: true,
+		Applier: mcp.ApplierFunc(func(context.Context, *mcp.Change) error { return nil }), Logger: logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pullOnce(t, addr, insecure.NewCredentials(), sink)
+	return sink
 }
 
 // The relay does not wait for its minion's own sources: with a source that never syncs

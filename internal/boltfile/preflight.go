@@ -1,4 +1,4 @@
-package durable
+package boltfile
 
 import (
 	"encoding/binary"

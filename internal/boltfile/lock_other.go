@@ -1,6 +1,6 @@
 //go:build !unix
 
-package durable
+package boltfile
 
 import (
 	"os"
@@ -8,7 +8,7 @@ import (
 )
 
 // lockFile does nothing where flock does not exist: bbolt takes its own lock, and checkFile
-// does not run (it would read a file another hub may be writing).
+// does not run (it would read a file another process may be writing).
 func lockFile(*os.File, time.Duration) error { return nil }
 
 const preflight = false

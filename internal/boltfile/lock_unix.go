@@ -1,6 +1,6 @@
 //go:build unix
 
-package durable
+package boltfile
 
 import (
 	"errors"
@@ -10,8 +10,9 @@ import (
 )
 
 // lockFile takes the exclusive lock bbolt takes (flock), before bbolt reads the file, so
-// that checkFile reads a file no other hub writes; bbolt then takes the same lock again on
-// the same handle, which holds it already. It returns errLockTimeout after timeout.
+// that checkFile reads a file no other process writes; bbolt then takes the same lock again
+// on the same handle, which holds it already. It returns ErrLocked after timeout (0: after
+// one attempt).
 func lockFile(f *os.File, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -23,7 +24,7 @@ func lockFile(f *os.File, timeout time.Duration) error {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return errLockTimeout
+			return ErrLocked
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

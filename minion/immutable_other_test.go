@@ -1,0 +1,7 @@
+//go:build !linux
+
+package minion
+
+import "errors"
+
+func setImmutable(string, bool) error { return errors.ErrUnsupported }
