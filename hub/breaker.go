@@ -469,6 +469,7 @@ func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (api.BreakerRelea
 	h.note(api.Event{Kind: api.EventBreaker, Cluster: cluster, Reason: api.ReasonReleased,
 		Message: fmt.Sprintf("released by operator %s: %d held deletions applied", operator, total)})
 	h.breakerRefresh(cs)
+	defer h.resolicit() // the deletions free room
 	if cs.isDeparted() && h.forgetDeparted(cluster) {
 		cs.log.Info("departed cluster's removal confirmed by an operator: it is no longer kept", "operator", operator)
 	}

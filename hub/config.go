@@ -518,6 +518,7 @@ type compiled struct {
 	breaker     BreakerConfig
 	quotas      QuotaConfig
 	guards      map[string]*quotaGuard   // by cluster: quotaFor
+	shares      map[string]split         // by tenant: how its collection bound is shared (shareOf)
 	breakers    map[string]BreakerConfig // by cluster: breakerFor
 	maxMessage  int                      // maxMessageSize: what a sink can receive in one push
 	staleAfter  time.Duration            // sinkStaleAfter
@@ -542,11 +543,70 @@ func (c *compiled) newQuotaGuard(cluster string) *quotaGuard {
 	if budget == 0 {
 		budget = int64(c.maxMessage - pushEnvelope)
 	}
-	g := &quotaGuard{q: q, collectionBudget: budget, tenanted: !c.tenants.Single()}
+	g := &quotaGuard{q: q, collectionBudget: budget, collectionShare: -1, tenanted: !c.tenants.Single()}
 	if t := c.tenant[c.tenants.OfCluster(cluster)]; t != nil && g.tenanted {
 		g.tenant = t.limits
 	}
+	if share, of := c.shareOf(cluster); budget >= 0 {
+		g.collectionShare, g.shareOf = int64(share*float64(budget)), of
+	}
 	return g
+}
+
+// shareOf is cluster's share of each collection's bound (quotas.collectionShare): its own,
+// or an even split of what the shares its tenant's other clusters set leave; and how it was
+// set, in words. Departed clusters take none (they do not grow). checkShares has refused
+// shares that add up to more than 1.
+func (c *compiled) shareOf(cluster string) (float64, string) {
+	if q := c.clusters[cluster].Quotas; q != nil && q.CollectionShare > 0 {
+		return q.CollectionShare, fmt.Sprintf("its quotas.collectionShare, %g", q.CollectionShare)
+	}
+	sp := c.shares[c.tenants.OfCluster(cluster)]
+	switch {
+	case sp.even == 0 || sp.left <= 0:
+		return 0, "nothing: the other clusters' quotas.collectionShare take it all"
+	case sp.even == 1 && sp.left == 1:
+		return 1, "all of it: the tenant's only cluster"
+	}
+	return sp.left / float64(sp.even), fmt.Sprintf("an even split of %.3g between %d clusters", sp.left, sp.even)
+}
+
+// split is how a tenant's collection bound is shared: what the explicit shares leave, and
+// between how many clusters without one.
+type split struct {
+	left float64
+	even int
+}
+
+// splitShares sums each tenant's clusters' explicit shares (quotas.collectionShare),
+// refusing the hub-level field (it is a cluster's) and shares adding up to more than 1.
+func (c *compiled) splitShares(hub QuotaConfig) error {
+	if hub.CollectionShare != 0 {
+		return errors.New("quotas.collectionShare: a cluster's share of a collection's bound: set it under clusters[].quotas")
+	}
+	c.shares = map[string]split{}
+	for name, cl := range c.clusters {
+		if c.departed[name] {
+			continue
+		}
+		t := c.tenants.OfCluster(name)
+		sp, ok := c.shares[t]
+		if !ok {
+			sp.left = 1
+		}
+		if cl.Quotas != nil && cl.Quotas.CollectionShare > 0 {
+			sp.left -= cl.Quotas.CollectionShare
+		} else {
+			sp.even++
+		}
+		c.shares[t] = sp
+	}
+	for tenant, sp := range c.shares {
+		if sp.left < -1e-9 {
+			return fmt.Errorf("clusters[].quotas.collectionShare: tenant %q's clusters' shares add up to %g, more than the whole bound (1)", tenant, 1-sp.left)
+		}
+	}
+	return nil
 }
 
 // breakerFor is cluster's breaker: the hub's, with the cluster's overrides (built once
@@ -762,6 +822,9 @@ func (c *Config) compileCtx(ctx context.Context) (*compiled, error) {
 		}
 	}
 	if err := c.compileTenants(ctx, out, groups); err != nil {
+		return nil, err
+	}
+	if err := out.splitShares(c.Quotas); err != nil {
 		return nil, err
 	}
 	// Each push is judged by its cluster's bounds and breaker: built here once, not per push.

@@ -78,8 +78,9 @@ type Hub struct {
 	// cluster leaving for good (forgetDeparted). Taken before clustersMu.
 	configMu sync.Mutex
 
-	started time.Time    // set by Run before any stream
-	rounds  atomic.Int64 // of Housekeep
+	started   time.Time    // set by Run before any stream
+	rounds    atomic.Int64 // of Housekeep
+	overQuota atomic.Int64 // clusters refused objects for a store bound (resolicit)
 
 	mu         sync.Mutex // guards the following fields
 	ready      bool
@@ -452,6 +453,7 @@ func (h *Hub) Housekeep() {
 	}
 	h.settleBreakers()
 	h.clearCompeting()
+	h.resolicit() // settled deletions and staleness drops free room
 }
 
 // runDialers starts the streams the hub opens itself: pushes to sinks that only listen (once

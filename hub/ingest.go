@@ -302,6 +302,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	for _, r := range rejected[:refused] {
 		rj[r.Resource] = r.Reason
 	}
+	h.overQuota.Add(cs.noteOverQuotaLocked(c, put, res.refused))
 	tenant := ""
 	if len(rejected) > 0 {
 		tenant = cur.comp.tenants.OfCluster(cs.name) // the push's configuration's, once
@@ -316,6 +317,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	if !c.More { // a split push has delivered the collection at its last chunk
 		h.delivered(s, c.Collection)
 	}
+	h.resolicit() // what this write freed may let in what another write was refused
 	if res.breaker.open {
 		// Held deletions are reported like refusals (the source's NACK detail, which a
 		// minion turns into Warning Events), but they are neither logged per name nor

@@ -40,6 +40,12 @@ type QuotaConfig struct {
 	// all take incremental pushes (which are split); a full-state sink then stops receiving
 	// a collection that outgrows one push.
 	MaxCollectionBytes int64 `json:"maxCollectionBytes,omitempty"`
+	// CollectionShare is a cluster's share of each collection's bound (0 < share <= 1), set
+	// per cluster. Each cluster may fill its share and no more, so one cluster's objects
+	// never make another's refused: by default the bound is split evenly between a tenant's
+	// clusters; shares set explicitly are taken first (adding up to at most 1) and the
+	// clusters without one split the rest.
+	CollectionShare float64 `json:"collectionShare,omitempty"`
 }
 
 // over returns q with the fields o sets.
@@ -60,6 +66,8 @@ func (q *QuotaConfig) check(field string, maxMessageSize int) error {
 			field, q.MaxObjectBytes, maxServedObject(maxMessageSize), maxMessageSize)
 	case q.PushesPerSecond < 0 || q.PushBurst < 0:
 		return fmt.Errorf("%s.pushesPerSecond and pushBurst: negative", field)
+	case q.CollectionShare < 0 || q.CollectionShare > 1:
+		return fmt.Errorf("%s.collectionShare: %g is not a share between 0 and 1", field, q.CollectionShare)
 	case q.MaxCollectionBytes < -1:
 		return fmt.Errorf("%s.maxCollectionBytes: %d: want a size, 0 (what a sink can receive in one push) or -1 (no bound)", field, q.MaxCollectionBytes)
 	}
@@ -95,8 +103,11 @@ type quotaGuard struct {
 	tenant   TenantLimits
 	tenanted bool
 	// collectionBudget is the most a collection may add up to, all of the tenant's
-	// clusters together (negative: no bound).
-	collectionBudget int64
+	// clusters together (negative: no bound); collectionShare is the most of it this
+	// cluster's objects may take (negative: no bound).
+	collectionBudget, collectionShare int64
+	// shareOf says how collectionShare was set, for the refusal's words.
+	shareOf string
 }
 
 // pushLimiter paces one cluster's pushes.

@@ -70,29 +70,79 @@ func TestObjectLargerThanASinkCanReceiveIsRefusedAtIngest(t *testing.T) {
 	}
 }
 
-// A collection that would grow past what a sink can receive in one push, all clusters
-// together, refuses the object that would make it so; a change that does not grow it
-// still applies.
-func TestCollectionLargerThanASinkCanReceiveIsRefused(t *testing.T) {
+// A collection that would grow past what a sink can receive in one push is refused the
+// object that would make it so; each cluster has its share of that bound (half each here),
+// so one cluster filling its share never makes another's objects refused (issue 25,
+// finding 3: one cluster's 4.16 MB refused every other cluster's new objects); a change
+// that does not grow a collection still applies.
+func TestCollectionSharesOfWhatASinkCanReceive(t *testing.T) {
 	h := testHub(t, breakerHub+"maxMessageSize: 8192\n")
 	sink := watchAs(t, h, "", "istiod")
+	put := func(cluster, name, version string, size int) error {
+		e, r := bigVS(t, name, version, size)
+		return h.Apply(cluster, incremental(t, e, r))
+	}
 	for _, name := range []string{"shop/a", "shop/b", "shop/c"} {
-		e, r := bigVS(t, name, "1", 2000)
-		if err := h.Apply("east", incremental(t, e, r)); err != nil {
+		if err := put("east", name, "1", 900); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	e, r := bigVS(t, "pay/d", "1", 2000)
-	err := h.Apply("west", incremental(t, e, r))
-	if rj := rejectionsOf(t, err); len(rj) != 1 || !strings.Contains(rj[0].Reason, "more than its bound") {
-		t.Fatalf("the fourth object: %v", err)
+	err := put("east", "shop/d", "1", 900)
+	if rj := rejectionsOf(t, err); len(rj) != 1 || !strings.Contains(rj[0].Reason, `cluster "east"'s objects in it would add up to`) ||
+		!strings.Contains(rj[0].Reason, "its share of the collection's bound: 3584 bytes (an even split of 1 between 2 clusters") {
+		t.Fatalf("east's fourth object: %v", err)
 	}
-	e, r = bigVS(t, "shop/a", "2", 1990)
-	if err := h.Apply("east", incremental(t, e, r)); err != nil {
+	for _, name := range []string{"pay/a", "pay/b", "pay/c"} {
+		if err := put("west", name, "1", 900); err != nil {
+			t.Fatalf("west's %s, with east at its share: %v", name, err)
+		}
+	}
+	if err := put("east", "shop/a", "2", 890); err != nil {
 		t.Fatalf("an edit that shrinks: %v", err)
 	}
-	if got := sink.names(vsColl); got != "shop/a,shop/b,shop/c" {
+	if got := sink.names(vsColl); got != "pay/a,pay/b,pay/c,shop/a,shop/b,shop/c" {
 		t.Errorf("served: %q", got)
+	}
+	if _, err := ParseConfig([]byte(breakerHub + "quotas: {collectionShare: 0.5}\n")); err == nil || !strings.Contains(err.Error(), "set it under clusters[].quotas") {
+		t.Errorf("a hub-level share: %v", err)
+	}
+	over := strings.Replace(breakerHub, `namespaces: [shop], hosts: ["*"]}`, `namespaces: [shop], hosts: ["*"], quotas: {collectionShare: 0.7}}`, 1)
+	over = strings.Replace(over, `namespaces: [pay], hosts: ["*"]}`, `namespaces: [pay], hosts: ["*"], quotas: {collectionShare: 0.5}}`, 1)
+	if _, err := ParseConfig([]byte(over)); err == nil || !strings.Contains(err.Error(), "add up to 1.2") {
+		t.Errorf("shares over 1: %v", err)
+	}
+}
+
+// Objects refused for a bound come in once room frees: the source does not send them again
+// unchanged (the refusal holds its version), so the hub asks it to, by closing its stream
+// (issue 25, finding 3: they stayed refused until each file changed or the minion restarted).
+func TestRoomFreedAsksForRefusedObjectsAgain(t *testing.T) {
+	h := testHub(t, breakerHub+"maxMessageSize: 8192\n")
+	withClock(h)
+	east := ownSession(t, h, "east", "10.0.0.1:1")
+	var entries []any
+	for _, name := range []string{"shop/a", "shop/b", "shop/c", "shop/d"} {
+		e, r := bigVS(t, name, "1", 900)
+		entries = append(entries, e, r)
+	}
+	if err := h.apply(east.s, incremental(t, entries...)); len(rejectionsOf(t, err)) != 1 {
+		t.Fatalf("four objects against a share of three: %v", err)
+	}
+	if east.closed.Load() != 0 {
+		t.Fatal("the refusal closed the stream")
+	}
+	// An unrelated write frees no room of east's: nothing is asked.
+	e, r := bigVS(t, "pay/a", "1", 100)
+	mustApply(t, h, "west", incremental(t, e, r))
+	if east.closed.Load() != 0 {
+		t.Fatal("a write that frees none of east's room asked east again")
+	}
+	// east deletes an object: room for the refused one.
+	if err := h.apply(east.s, &mcp.Change{Collection: vsColl, Incremental: true, Removed: []string{"shop/a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if east.closed.Load() != 1 {
+		t.Fatalf("east's stream closed %d times after room freed, want once (its minion resends)", east.closed.Load())
 	}
 }
 

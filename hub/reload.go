@@ -175,6 +175,7 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	h.log.Info("configuration reloaded", "refused", res.Refused, "held_by_breaker", res.Held, "closed_ingest_streams", res.ClosedIngest,
 		"recomputed_views", res.Views, "closed_sink_streams", res.ClosedSinks, "departed", len(comp.departed))
 	h.checkReady() // a removed cluster is no longer waited for
+	h.resolicit()  // new bounds, or withdrawn objects, may let refused ones in
 	return res, nil
 }
 

@@ -68,9 +68,10 @@ type clusterData struct {
 	name    string
 	colls   map[string]map[string]*resource // collection -> name -> resource
 	removed bool
-	held    heldDeletions // deletions its breaker holds (their resources are still in colls)
-	objects int           // how many resources colls holds
-	bytes   int64         // what they add up to, as served (servedSize)
+	held    heldDeletions    // deletions its breaker holds (their resources are still in colls)
+	objects int              // how many resources colls holds
+	bytes   int64            // what they add up to, as served (servedSize)
+	coll    map[string]int64 // the same per collection (its share of the collection's bound)
 	// usage is its tenant's (set under the store's mu; read without it to pick the write
 	// path's turn).
 	usage atomic.Pointer[tenantUsage]
@@ -128,7 +129,7 @@ func newStore(collections []string, policy ConflictPolicy, tenants *tenancy.Set,
 func (s *store) addCluster(name, tenant string) *clusterData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := &clusterData{name: name, colls: map[string]map[string]*resource{}}
+	d := &clusterData{name: name, colls: map[string]map[string]*resource{}, coll: map[string]int64{}}
 	d.usage.Store(s.usageLocked(tenant))
 	s.tenanted.Store(len(s.usage) > 1)
 	s.clusters[name] = d
@@ -282,20 +283,28 @@ func (s *store) apply(d *clusterData, w write) (res applied, err error) {
 // collection, or "". Each reason names the bound and whose it is: the cluster, or its own
 // tenant, never another tenant or its clusters. The caller holds the lock.
 func (s *store) overQuotaLocked(d *clusterData, collection string, old, r *resource, g *quotaGuard) string {
+	return s.overLimitLocked(d, collection, old == nil, servedSize(r)-servedSize(old), g)
+}
+
+// overLimitLocked is overQuotaLocked for a write that adds an object (isNew) or changes one,
+// growing what d serves by grow bytes.
+func (s *store) overLimitLocked(d *clusterData, collection string, isNew bool, grow int64, g *quotaGuard) string {
 	if g == nil {
 		return ""
 	}
-	grow := servedSize(r) - servedSize(old)
 	u := d.usage.Load()
 	switch {
-	case old == nil && g.q.MaxObjects > 0 && d.objects >= g.q.MaxObjects:
+	case isNew && g.q.MaxObjects > 0 && d.objects >= g.q.MaxObjects:
 		return fmt.Sprintf("quota: cluster %q holds %d objects, its maxObjects", d.name, d.objects)
 	case grow > 0 && g.q.MaxBytes > 0 && d.bytes+grow > g.q.MaxBytes:
 		return fmt.Sprintf("quota: cluster %q's objects would add up to %d bytes, more than its maxBytes %d", d.name, d.bytes+grow, g.q.MaxBytes)
-	case old == nil && g.tenant.MaxObjects > 0 && u.objects >= g.tenant.MaxObjects:
+	case isNew && g.tenant.MaxObjects > 0 && u.objects >= g.tenant.MaxObjects:
 		return fmt.Sprintf("quota: tenant %q's clusters hold %d objects, all together: its maxObjects (tenantLimits)", u.name, u.objects)
 	case grow > 0 && g.tenant.MaxBytes > 0 && u.bytes+grow > g.tenant.MaxBytes:
 		return fmt.Sprintf("quota: tenant %q's clusters' objects would add up to %d bytes, all together: more than its maxBytes %d (tenantLimits)", u.name, u.bytes+grow, g.tenant.MaxBytes)
+	case grow > 0 && g.collectionShare >= 0 && d.coll[collection]+grow > g.collectionShare:
+		return fmt.Sprintf("%s: cluster %q's objects in it would add up to %d bytes with it, more than its share of the collection's bound: %d bytes (%s; clusters[].quotas.collectionShare sets it)",
+			collection, d.name, d.coll[collection]+grow, g.collectionShare, g.shareOf)
 	case grow > 0 && g.collectionBudget >= 0 && u.coll[collection]+grow > g.collectionBudget:
 		whose := "all clusters together"
 		if g.tenanted {
@@ -460,6 +469,22 @@ func (s *store) transfer(from, to *clusterData) error {
 	}
 	to.held, from.held = from.held, heldDeletions{}
 	return nil
+}
+
+// fits returns, of want (collection → name → size as served), the names d has room for now
+// under g: objects it was refused for a bound, which room freed since would let in.
+func (s *store) fits(d *clusterData, want map[string]map[string]int64, g *quotaGuard) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for coll, names := range want {
+		for _, size := range names {
+			if s.overLimitLocked(d, coll, true, size, g) == "" {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // count returns how many resources d holds.

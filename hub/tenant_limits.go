@@ -199,6 +199,7 @@ func (s *store) countLocked(d *clusterData, r *resource, sign int) {
 	size := int64(sign) * servedSize(r)
 	d.objects += sign
 	d.bytes += size
+	d.coll[r.collection] += size
 	u := d.usage.Load()
 	u.objects += sign
 	u.bytes += size

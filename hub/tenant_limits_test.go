@@ -160,19 +160,22 @@ func TestTenantObjectBoundsSpanItsClustersOnly(t *testing.T) {
 // names acme, not the tenants beside it.
 func TestCollectionBudgetIsPerTenant(t *testing.T) {
 	h := testHub(t, strings.Replace(tenantHub, "  ACME\n", "", 1)+"maxMessageSize: 8192\n")
-	for _, name := range []string{"shop/a", "shop/b", "shop/c"} {
-		e, r := bigVS(t, name, "1", 2000)
-		mustApply(t, h, "east", incremental(t, e, r))
+	// acme's two clusters fill its bound, each its share.
+	for cluster, names := range map[string][]string{"east": {"shop/a", "shop/b"}, "west": {"cart/a", "cart/b"}} {
+		for _, name := range names {
+			e, r := bigVS(t, name, "1", 1550)
+			mustApply(t, h, cluster, incremental(t, e, r))
+		}
 	}
-	e, r := bigVS(t, "bank/d", "1", 2000)
+	e, r := bigVS(t, "bank/d", "1", 1600)
 	if err := h.Apply("north", incremental(t, e, r)); err != nil {
 		t.Fatalf("globex's first object, acme's collection full: %v", err)
 	}
-	e, r = bigVS(t, "cart/d", "1", 2000)
+	e, r = bigVS(t, "cart/d", "1", 1600)
 	err := h.Apply("west", incremental(t, e, r))
 	rj := rejectionsOf(t, err)
-	if len(rj) != 1 || !strings.Contains(rj[0].Reason, `all of tenant "acme"'s clusters together: more than its bound`) {
-		t.Fatalf("acme's fourth object: %v", err)
+	if len(rj) != 1 || !strings.Contains(rj[0].Reason, `cluster "west"'s objects in it would add up to`) || !strings.Contains(rj[0].Reason, "its share of the collection's bound") {
+		t.Fatalf("acme's fifth object: %v", err)
 	}
 	mentionsAnother(t, rj[0].Reason)
 }
