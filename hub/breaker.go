@@ -46,6 +46,11 @@ type BreakerConfig struct {
 	// Settle is how long deletions of more than MaxDeleteShare of a collection, but fewer
 	// than MinDeletes, wait (still served) for the cluster's other collections.
 	Settle Duration `json:"settle,omitempty"`
+	// Window is how far back the deletions the cluster already made count with a new one:
+	// the share is judged on what it withdrew within the window, so a source losing a
+	// little at a time (an informer losing its RBAC namespace by namespace) opens the
+	// breaker as one losing it at once does. 0: each write alone.
+	Window Duration `json:"window,omitempty"`
 	// Disabled turns the breaker off (per cluster: for a cluster whose objects come and go in
 	// bulk by design).
 	Disabled bool `json:"disabled,omitempty"`
@@ -64,6 +69,9 @@ func (cfg *BreakerConfig) check(field string) error {
 	}
 	if cfg.MinDeletes < 0 {
 		return fmt.Errorf("%s.minDeletes: %d is negative", field, cfg.MinDeletes)
+	}
+	if err := cfg.Window.Check(field + ".window"); err != nil {
+		return err
 	}
 	return cfg.Settle.Check(field + ".settle")
 }
@@ -99,6 +107,44 @@ type heldDeletions struct {
 	// names: collection -> name -> the held deletion.
 	names map[string]map[string]heldDeletion
 	count int
+	// applied are the cluster's deletions applied lately (its own, not held, or held and
+	// then settled), oldest first: what BreakerConfig.Window counts.
+	applied []appliedDeletions
+}
+
+// appliedDeletions are n deletions of collection applied at once.
+type appliedDeletions struct {
+	at         time.Time
+	collection string
+	n          int
+}
+
+// window returns the deletions applied within cfg.Window before now, in collection and in
+// all, forgetting older ones.
+func (b *heldDeletions) window(collection string, cfg BreakerConfig, now time.Time) (inColl, total int) {
+	if cfg.Window.Duration <= 0 {
+		b.applied = nil
+		return 0, 0
+	}
+	i := 0
+	for i < len(b.applied) && now.Sub(b.applied[i].at) >= cfg.Window.Duration {
+		i++
+	}
+	b.applied = b.applied[i:]
+	for _, a := range b.applied {
+		total += a.n
+		if a.collection == collection {
+			inColl += a.n
+		}
+	}
+	return inColl, total
+}
+
+// noteApplied records n deletions of collection applied at now (for the window).
+func (b *heldDeletions) noteApplied(collection string, n int, now time.Time) {
+	if n > 0 {
+		b.applied = append(b.applied, appliedDeletions{at: now, collection: collection, n: n})
+	}
 }
 
 type heldDeletion struct {
@@ -157,6 +203,22 @@ func (b *heldDeletions) holds(collection, name string) bool {
 	return ok
 }
 
+// explain says why the breaker holds collection/name's deletion ("" if it does not).
+func (b *heldDeletions) explain(collection, name string) string {
+	hd, ok := b.names[collection][name]
+	if !ok {
+		return ""
+	}
+	what := "its source deleted it"
+	if hd.byReload {
+		what = "the configuration no longer lets the cluster publish it"
+	}
+	if b.open {
+		return fmt.Sprintf("%s, and the cluster's mass-deletion breaker holds the deletion (open: %s); it stays served until the cluster publishes it again or an operator releases the breaker", what, b.reason)
+	}
+	return fmt.Sprintf("%s; the deletion waits until %s to see whether the breaker opens (it stays served meanwhile)", what, hd.until.UTC().Format(time.RFC3339))
+}
+
 // digest names the set of held deletions (not when each settles): what an operator
 // reviewed, which a release must match. "" when nothing is held.
 func (b *heldDeletions) digest() string {
@@ -175,16 +237,23 @@ func (b *heldDeletions) digest() string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-// exceeded returns why the held deletions exceed cfg against what the cluster serves
-// (colls, which still holds them), or "".
-func (b *heldDeletions) exceeded(colls map[string]map[string]*resource, cfg BreakerConfig) string {
-	if b.count < cfg.MinDeletes {
+// exceeded returns why the held deletions, with those applied within the window, exceed
+// cfg against what the cluster serves (colls, which still holds the held ones) and served
+// before the window's deletions, or "".
+func (b *heldDeletions) exceeded(colls map[string]map[string]*resource, cfg BreakerConfig, now time.Time) string {
+	_, recent := b.window("", cfg, now)
+	gone := b.count + recent
+	if gone < cfg.MinDeletes || b.count == 0 {
 		return ""
 	}
 	pct := fmt.Sprintf("more than %g%%", cfg.MaxDeleteShare*100)
-	total := served(colls)
-	if float64(b.count) > cfg.MaxDeleteShare*float64(total) {
-		return fmt.Sprintf("%d of the %d objects it serves would be deleted (%s, at least %d)", b.count, total, pct, cfg.MinDeletes)
+	total := served(colls) + recent
+	within := ""
+	if recent > 0 {
+		within = fmt.Sprintf(", %d of them already deleted within %s", recent, cfg.Window.Duration)
+	}
+	if float64(gone) > cfg.MaxDeleteShare*float64(total) {
+		return fmt.Sprintf("%d of the %d objects it serves would be deleted (%s, at least %d%s)", gone, total, pct, cfg.MinDeletes, within)
 	}
 	held := make([]string, 0, len(b.names))
 	for c := range b.names {
@@ -192,9 +261,10 @@ func (b *heldDeletions) exceeded(colls map[string]map[string]*resource, cfg Brea
 	}
 	sort.Strings(held)
 	for _, c := range held {
-		n, of := len(b.names[c]), len(colls[c])
+		inColl, _ := b.window(c, cfg, now)
+		n, of := len(b.names[c])+inColl, len(colls[c])+inColl
 		if n >= cfg.MinDeletes && float64(n) > cfg.MaxDeleteShare*float64(of) {
-			return fmt.Sprintf("%d of its %d %s would be deleted (%s, at least %d)", n, of, c, pct, cfg.MinDeletes)
+			return fmt.Sprintf("%d of its %d %s would be deleted (%s, at least %d%s)", n, of, c, pct, cfg.MinDeletes, within)
 		}
 	}
 	return ""
@@ -214,7 +284,7 @@ func (b *heldDeletions) trip(reason string, now time.Time) {
 // recover closes an open breaker whose held deletions no longer exceed the limits (the
 // objects came back): what is still held is then like an ordinary change, and settles.
 func (b *heldDeletions) recover(colls map[string]map[string]*resource, g *breakerGuard) bool {
-	if !b.open || b.exceeded(colls, g.cfg) != "" {
+	if !b.open || b.exceeded(colls, g.cfg, g.now) != "" {
 		return false
 	}
 	b.open, b.reason = false, ""
@@ -290,6 +360,9 @@ func (d *clusterData) judgeLocked(collection string, put []*resource, removing [
 		}
 	}
 	net := max(len(fresh)-added, 0)
+	// What the cluster deleted within the window counts with this write, against what it
+	// served before (issue 25, finding 9: a drain of 45% a step never tripped).
+	inColl, recent := b.window(collection, g.cfg, g.now)
 	switch {
 	case len(fresh) == 0:
 	case b.open:
@@ -297,12 +370,12 @@ func (d *clusterData) judgeLocked(collection string, put []*resource, removing [
 			b.hold(collection, n, heldDeletion{})
 		}
 		v.withheld = append(v.withheld, fresh...)
-	case float64(len(b.names[collection])+net) > g.cfg.MaxDeleteShare*float64(len(d.colls[collection])) &&
-		served(d.colls) >= g.cfg.MinDeletes: // a cluster serving fewer could never open it
+	case float64(len(b.names[collection])+net+inColl) > g.cfg.MaxDeleteShare*float64(len(d.colls[collection])+inColl) &&
+		served(d.colls)+recent >= g.cfg.MinDeletes: // a cluster serving fewer could never open it
 		for _, n := range fresh {
 			b.hold(collection, n, heldDeletion{until: g.now.Add(g.cfg.Settle.Duration)})
 		}
-		if why := b.exceeded(d.colls, g.cfg); why != "" {
+		if why := b.exceeded(d.colls, g.cfg, g.now); why != "" {
 			b.trip(why, g.now)
 			v.tripped = why
 			v.withheld = append(v.withheld, fresh...)
@@ -317,6 +390,7 @@ func (d *clusterData) judgeLocked(collection string, put []*resource, removing [
 	default:
 		apply = fresh
 	}
+	b.noteApplied(collection, len(apply), g.now)
 	v.open, v.count = b.open, b.count
 	return apply, v
 }
@@ -344,6 +418,7 @@ func (d *clusterData) settleLocked(now time.Time) map[string][]string {
 		for _, n := range names {
 			b.unhold(c, n)
 		}
+		b.noteApplied(c, len(names), now)
 	}
 	return due
 }

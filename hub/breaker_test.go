@@ -447,3 +447,56 @@ func TestCompetingWritersAreDamped(t *testing.T) {
 		t.Errorf("competing_writers after a quiet window = %v, want 0", v)
 	}
 }
+
+// A source losing its objects a little at a time (45% of what is left each step: an
+// informer losing its RBAC namespace by namespace) opens the breaker as one losing them at
+// once does: what the cluster deleted within the window counts with each new deletion
+// (issue 25, finding 9: it emptied the cluster without a trip). Past the window, deletions
+// are judged alone again.
+func TestGradualDrainTripsTheBreaker(t *testing.T) {
+	h := testHub(t, breakerHub)
+	clk := withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	all := objects("shop", 20)
+	mustApply(t, h, "east", push(t, vsColl, all...))
+	// 9 of 20 (45%): applied at once.
+	mustApply(t, h, "east", push(t, vsColl, all[:11]...))
+	if n := countNames(sink.names(vsColl)); n != 11 {
+		t.Fatalf("after the first step: %d served, want 11", n)
+	}
+	clk.advance(time.Minute)
+	// 5 of 11 (45%): with the 9 before, 14 of the 20 it served within the window.
+	err := h.Apply("east", push(t, vsColl, all[:6]...))
+	b := h.Clusters()[0].Breaker
+	if status.Code(err) != codes.FailedPrecondition || b == nil || !b.Open || b.Held != 5 || !strings.Contains(b.Reason, "14 of the 20 objects") {
+		t.Fatalf("the second step: %v, breaker %+v", err, b)
+	}
+	if n := countNames(sink.names(vsColl)); n != 11 {
+		t.Errorf("after the second step: %d served, want 11 (5 held)", n)
+	}
+
+	// Past the window, a deletion is judged alone.
+	h2 := testHub(t, breakerHub)
+	clk2 := withClock(h2)
+	mustApply(t, h2, "east", push(t, vsColl, all...))
+	mustApply(t, h2, "east", push(t, vsColl, all[:11]...))
+	clk2.advance(11 * time.Minute)
+	mustApply(t, h2, "east", push(t, vsColl, all[:6]...))
+	if b := h2.Clusters()[0].Breaker; b != nil {
+		t.Errorf("a step past the window: breaker %+v", b)
+	}
+}
+
+// hub why says that an object's deletion is held, and why (issue 25, finding 9: it said
+// "served from cluster east" and nothing more).
+func TestWhySaysADeletionIsHeld(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	all := objects("shop", 12)
+	mustApply(t, h, "east", push(t, vsColl, all...))
+	_ = h.Apply("east", push(t, vsColl))
+	w := h.why(vendor(h.current().comp), vsColl, "shop/o03")
+	if w.Served == nil || !strings.Contains(w.Served.DeletionHeld, "its source deleted it, and the cluster's mass-deletion breaker holds the deletion (open: 12 of the 12 objects") {
+		t.Fatalf("why: %+v", w.Served)
+	}
+}

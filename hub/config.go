@@ -214,7 +214,11 @@ func Defaults() *Config {
 		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
 		// seconds covers a source pushing each of its collections in turn.
-		Breaker: BreakerConfig{MaxDeleteShare: 0.5, MinDeletes: 10, Settle: ops.D(2 * time.Second)},
+		// The window: a source that loses its objects a little at a time (an informer losing
+		// its RBAC namespace by namespace, a rollout deleting in batches) is judged on what it
+		// withdrew over ten minutes, as one losing them at once is; an ordinary rollout deletes
+		// far less than half of a cluster in that time.
+		Breaker: BreakerConfig{MaxDeleteShare: 0.5, MinDeletes: 10, Settle: ops.D(2 * time.Second), Window: ops.D(10 * time.Minute)},
 		// Far above a large cluster's mesh configuration (thousands of objects of a few KB),
 		// far below what would starve the others; maxObjectBytes 0 is what a sink can
 		// receive in one push. Each push of a cluster goes to every sink of its collection,

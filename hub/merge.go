@@ -238,6 +238,9 @@ func (s *store) candidates(v viewer, collection, name string) (out []api.Candida
 		}
 		served := s.pickLocked(tenant, collection, name)
 		c := api.Candidate{Cluster: r.cluster, Version: r.served.Version, Served: served == r}
+		if d := s.clusters[r.cluster]; d != nil {
+			c.DeletionHeld = d.held.explain(collection, name)
+		}
 		if !r.created.IsZero() {
 			t := r.created
 			c.Created = &t

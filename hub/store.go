@@ -556,7 +556,7 @@ func (s *store) recheck(check func(*resource) error, guard func(cluster string) 
 				}
 			}
 			v := breakerVerdict{reload: n}
-			switch why := b.exceeded(d.colls, g.cfg); {
+			switch why := b.exceeded(d.colls, g.cfg, g.now); {
 			case g.departed:
 				// Not a share of it: all of it, and a cluster the hub no longer recognises.
 				v.tripped = fmt.Sprintf("%s: the cluster left the configuration; its %d objects stay served until an operator confirms the removal (hub breaker release %s) or the configuration has it again", cause, n, cluster)

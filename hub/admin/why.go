@@ -95,6 +95,11 @@ func printWhy(w io.Writer, why api.Why, name string) {
 			fmt.Fprintf(w, "  also published by %s (version %s), held: %s\n", cand.Cluster, cand.Version, cand.HeldBecause)
 		}
 	}
+	for _, cand := range why.Candidates {
+		if cand.DeletionHeld != "" {
+			fmt.Fprintf(w, "  deletion held from cluster %s: %s (hub breaker release %s)\n", cand.Cluster, cand.DeletionHeld, cand.Cluster)
+		}
+	}
 	for _, r := range why.Rejected {
 		fmt.Fprintf(w, "  refused from cluster %s: %s\n", r.Cluster, r.Reason)
 	}

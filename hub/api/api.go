@@ -295,6 +295,11 @@ type Candidate struct {
 	// HeldBecause says, for a candidate that is not served, which cluster's copy is and
 	// why, with the values compared.
 	HeldBecause string `json:"heldBecause,omitempty"`
+	// DeletionHeld says that the cluster's mass-deletion breaker holds this copy's
+	// deletion, and why: its source deleted it, or the configuration no longer lets the
+	// cluster publish it (or no longer has the cluster), and it stays served until the
+	// deletions are settled or released (hub breaker release CLUSTER).
+	DeletionHeld string `json:"deletionHeld,omitempty"`
 }
 
 // Refused is one cluster's refused version of a resource.
