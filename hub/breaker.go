@@ -532,6 +532,9 @@ func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (api.BreakerRelea
 	if cs == nil {
 		return api.BreakerRelease{}, fmt.Errorf("%w: %q", ErrUnknownCluster, cluster)
 	}
+	if rel, ok, err := h.releaseUnknown(cs, operator, digest); ok {
+		return rel, err
+	}
 	deleted, err := h.store.release(cs.data, digest)
 	if err != nil {
 		return api.BreakerRelease{}, fmt.Errorf("cluster %q: %w", cluster, err)

@@ -45,6 +45,7 @@ type clusterState struct {
 	rejections     map[string]map[string]string
 	direct         *Session   // Hub.Apply's, which has no stream
 	departed       *departure // it left the configuration; the hub keeps it (departure.go)
+	unknown        string     // why its last state is unknown ("": known; unknown.go)
 	restored       bool       // what is served of it was read from the state file; its own session has not delivered since
 	unconfirmed    bool       // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
 	epoch          uint64     // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
@@ -233,6 +234,7 @@ func (h *Hub) removeCluster(name string) int {
 	}
 	cs.mu.Lock()
 	cs.removed = true // from here on, nothing records metrics of it: forgetting them is final
+	h.knownLocked(cs, "it left the configuration")
 	if len(cs.overQuota) > 0 {
 		cs.overQuota = nil
 		h.overQuota.Add(-1)
@@ -456,6 +458,7 @@ func (h *Hub) delivered(s *Session, collection string) {
 		// The session's state replaced the restored one: the cluster's own, or a copy taken
 		// from a peer (not what this hub read from its file any more).
 		cs.unconfirmed, cs.restored = false, false
+		h.knownLocked(cs, "a session delivered its whole state")
 	}
 	if complete && !s.away {
 		h.saveMetaLocked(cs)
@@ -478,7 +481,7 @@ func (h *Hub) delivered(s *Session, collection string) {
 func (cs *clusterState) status() api.ClusterStatus {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced, Restored: cs.restored}
+	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced, Restored: cs.restored, Unknown: cs.unknown}
 	if cs.departed != nil {
 		t := cs.departed.since
 		st.Departed = &t

@@ -112,6 +112,7 @@ func departedTenants(comp *compiled) map[string]string {
 func (h *Hub) depart(cs *clusterState, d departure) int {
 	cs.mu.Lock()
 	cs.departed = &d
+	h.knownLocked(cs, "it left the configuration, holding what was read of it")
 	cs.mu.Unlock()
 	closed := cs.closeSessions()
 	h.layer.ClusterRemoved(cs.name)

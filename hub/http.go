@@ -112,6 +112,9 @@ func (h *Hub) clusterStatusesWith(v viewer, conflicts []api.Conflict) []api.Clus
 		st.Resources = h.store.counts(cs.name)
 		st.Conflicts = lost[cs.name]
 		st.Breaker = h.store.breaker(cs.data)
+		if st.Unknown != "" {
+			st.Breaker = unknownBreaker(st.Unknown, h.store.count(cs.data))
+		}
 		h.layer.DescribeCluster(&st)
 		out = append(out, st)
 	}

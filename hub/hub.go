@@ -81,6 +81,7 @@ type Hub struct {
 	started   time.Time    // set by Run before any stream
 	rounds    atomic.Int64 // of Housekeep
 	overQuota atomic.Int64 // clusters refused objects for a store bound (resolicit)
+	unknown   atomic.Int64 // clusters whose last state is unknown (unknown.go)
 
 	mu         sync.Mutex // guards the following fields
 	ready      bool

@@ -29,6 +29,7 @@ type Metrics struct {
 	breakerTrips   *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
 	competingGauge *prometheus.GaugeVec
+	unknownGauge   *prometheus.GaugeVec
 
 	// By tenant: the configured ones, and noTenant for the peers of none; a reload forgets
 	// the series of a tenant it removed (retainTenants).
@@ -74,9 +75,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Streams of a cluster's source that took over from another still open (one writer per cluster: the previous one is closed)."}, []string{"cluster"})
 	m.competingGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_competing_writers",
 		Help: "1 while a cluster has two live writers: a stream of its source was refused, in the last 10 minutes, because another that had just taken over was still open (two minions with one identity)."}, []string{"cluster"})
+	m.unknownGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cluster_state_unknown",
+		Help: "1 while the hub does not know a cluster's last state (its state file could not be read whole, or its writes were failing when the hub stopped): its tenant's sinks are not served until its minion resyncs or an operator releases it."}, []string{"cluster"})
 	m.connsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_refused_total",
 		Help: "Connections refused or closed before their TLS handshake completed, by listener and reason (max_connections: the process's cap; pending_per_ip: the address's connections in handshake; handshake_timeout: not completed in time)."}, []string{"listener", "reason"})
-	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips, m.takeovers, m.competingGauge, m.connsRefused)
+	reg.MustRegister(m.breakerOpen, m.deletionsHeld, m.breakerTrips, m.takeovers, m.competingGauge, m.unknownGauge, m.connsRefused)
 	const tsub = "tenant"
 	m.tenantStreamsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: tsub, Name: "streams",
 		Help: "Streams a tenant's peers (minions, relays, sinks) have open on the hub's listeners, all together; tenant=\"(none)\": the peers of no tenant."}, []string{"tenant"})
@@ -209,6 +212,17 @@ func (m *Metrics) takeover(cluster string) {
 	m.takeovers.WithLabelValues(cluster).Inc()
 }
 
+func (m *Metrics) stateUnknown(cluster string, on bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.unknownGauge.WithLabelValues(cluster).Set(v)
+}
+
 func (m *Metrics) competing(cluster string, on bool) {
 	if m == nil {
 		return
@@ -234,6 +248,7 @@ func (m *Metrics) forgetCluster(cluster string) {
 	m.breakerTrips.DeleteLabelValues(cluster)
 	m.takeovers.DeleteLabelValues(cluster)
 	m.competingGauge.DeleteLabelValues(cluster)
+	m.unknownGauge.DeleteLabelValues(cluster)
 }
 
 // tenantSeen records that tenant has series, for retainTenants.

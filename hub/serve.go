@@ -132,9 +132,16 @@ const warmUpRetry = 5 * time.Second
 // a sink's or a relay's stream is refused with Unavailable, so that it retries instead of
 // receiving a partial state, and told to retry within warmUpRetry. The engine asks it
 // after authentication and the per-peer rate limit: a warm-up refusal is not an
-// authentication failure, and a sink redialing in a tight loop is rate limited.
-func (h *Hub) readyToServe() (wait time.Duration, why string, ok bool) {
+// authentication failure, and a sink redialing in a tight loop is rate limited. After the
+// warm-up, a stream whose tenant sees a cluster whose last state the hub does not know is
+// refused too (unknownSeen): serving it without that cluster would withdraw the cluster's
+// objects from the sinks that have them.
+func (h *Hub) readyToServe(info *mcp.StreamInfo) (wait time.Duration, why string, ok bool) {
 	if h.Ready() {
+		tenant, _ := h.streamTenant(info)
+		if c, why := h.unknownSeen(tenant); c != "" {
+			return warmUpRetry, why, false
+		}
 		return 0, "", true
 	}
 	pending := h.pendingClusters()

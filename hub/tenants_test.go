@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"github.com/meshfed/meshfed/mcp"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ tenants:
 func TestWarmUpRefusalNamesNoCluster(t *testing.T) {
 	h := testHub(t, twoTenants+"warmUp: 1m\n")
 	h.started = time.Now()
-	_, why, ok := h.readyToServe()
+	_, why, ok := h.readyToServe(mcp.NewStreamInfo("", nil, nil))
 	if ok {
 		t.Fatal("ready before any cluster synced")
 	}
@@ -44,7 +45,7 @@ func TestWarmUpRefusalNamesNoCluster(t *testing.T) {
 
 	single := testHub(t, twoClusters)
 	single.started = time.Now()
-	if _, why, _ := single.readyToServe(); !strings.Contains(why, "east") {
+	if _, why, _ := single.readyToServe(mcp.NewStreamInfo("", nil, nil)); !strings.Contains(why, "east") {
 		t.Errorf("without tenants the refusal %q no longer names the clusters awaited", why)
 	}
 }

@@ -168,7 +168,7 @@ func TestNotReadyTightLoopIsCalm(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			reg := newTestMetrics(t)
 			logs := &logCapture{}
-			ready := func() (time.Duration, string, bool) {
+			ready := func(*StreamInfo) (time.Duration, string, bool) {
 				return 3 * time.Second, "warming up: waiting for cluster east", false
 			}
 			addr, adm := k.start(t, NewCache(vs), ServerConfig{RefusalDelay: -1, Logger: slog.New(logs), Metrics: reg.m,

@@ -54,8 +54,9 @@ type ServerConfig struct {
 	// (so a peer retrying in a tight loop is rate limited, not answered each time): while it
 	// says not ok, streams are refused with Unavailable, a message saying why and to retry
 	// in wait, and a google.rpc.RetryInfo detail of wait, counted as warming_up. For a
-	// server that has nothing whole to serve yet (a hub warming up).
-	Ready func() (wait time.Duration, why string, ok bool)
+	// server that has nothing whole to serve yet (a hub warming up), or not yet for this
+	// peer (info: who it is; its Node is not known yet).
+	Ready func(info *StreamInfo) (wait time.Duration, why string, ok bool)
 	// MaxStreamsPerPeer caps the streams one peer (identity, else IP address) keeps open at
 	// once on this service; one more is refused with ResourceExhausted. Default
 	// DefaultMaxStreamsPerPeer; negative: no cap.
@@ -238,8 +239,15 @@ func (a *admission) decide(st grpc.ServerStream, role string) (*admittedStream, 
 		return nil, WithRetry(status.Newf(codes.ResourceExhausted, "%v (%s): at most %g per second, burst %d",
 			ErrRateLimited, key, a.cfg.StreamRate, a.cfg.StreamBurst), time.Duration(float64(time.Second)/a.cfg.StreamRate))
 	}
+	infoIdentity := identity
+	if a.cfg.Unauthenticated {
+		infoIdentity = ""
+	}
+	info := newStreamInfo(role, "server", addr, infoIdentity)
+	info.Unauthenticated = a.cfg.Unauthenticated
+	info.Listener = a.cfg.Listener
 	if a.cfg.Ready != nil {
-		if wait, why, ok := a.cfg.Ready(); !ok {
+		if wait, why, ok := a.cfg.Ready(info); !ok {
 			if why == "" {
 				why = ErrNotReady.Error()
 			}
@@ -258,12 +266,6 @@ func (a *admission) decide(st grpc.ServerStream, role string) (*admittedStream, 
 		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): %d open, at most %d per peer",
 			ErrTooManyStreams, key, n, a.cfg.MaxStreamsPerPeer)
 	}
-	if a.cfg.Unauthenticated {
-		identity = ""
-	}
-	info := newStreamInfo(role, "server", addr, identity)
-	info.Unauthenticated = a.cfg.Unauthenticated
-	info.Listener = a.cfg.Listener
 	var leave func()
 	if a.cfg.Groups != nil {
 		var err error

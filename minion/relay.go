@@ -518,7 +518,7 @@ func (r *Relay) serve(ctx context.Context, lis net.Listener, m *Minion) error {
 // state: istiod exits when its config source refuses it, but an empty answer would make it
 // delete what its proxies run. It is the admission's readiness step, after the per-peer
 // rate limit, so an istiod retrying in a loop is limited and logged once a minute.
-func (r *Relay) serving() (time.Duration, string, bool) {
+func (r *Relay) serving(*mcp.StreamInfo) (time.Duration, string, bool) {
 	if !r.Ready() {
 		return time.Second, "the relay has no state yet: waiting for the hub", false
 	}

@@ -50,7 +50,7 @@ func (h *relayHub) registerSource(t testing.TB, srv *grpc.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := func() (time.Duration, string, bool) {
+	ready := func(*mcp.StreamInfo) (time.Duration, string, bool) {
 		if !h.answered.Load() {
 			return 50 * time.Millisecond, "the test's hub does not answer the relay yet", false
 		}

@@ -96,6 +96,11 @@ type ClusterStatus struct {
 	// Conflicts are resources held but not served because another cluster's resource of
 	// the same collection/name wins: collection -> name -> the winning cluster.
 	Conflicts map[string]map[string]string `json:"conflicts,omitempty"`
+	// Unknown says why the cluster's last state is unknown to the hub (its state file could
+	// not be read whole, or its writes were failing when it stopped): the sinks of its
+	// tenant are not served until its minion resyncs or an operator releases it (its Breaker
+	// says so). Absent: known.
+	Unknown string `json:"unknown,omitempty"`
 	// Departed: the cluster left the configuration then (a reload without it, its entry
 	// renamed, a restart with a configuration that lacks it). Its objects stay served, held
 	// by its breaker, until an operator confirms the removal (a release) or the

@@ -45,7 +45,7 @@ const (
 	EventRefusal  = "refusal"  // an object a cluster pushed is not served (Reason: RefusalReasons)
 	EventReload   = "reload"   // a new configuration was applied or refused (ReasonApplied, ReasonRefused)
 	EventBreaker  = "breaker"  // a cluster's mass-deletion breaker (ReasonTripped, ReasonClosed, ReasonReleased)
-	EventCluster  = "cluster"  // a cluster's first stream opened or last one closed (ReasonConnected, ReasonDisconnected), or it left the configuration (ReasonDeparted), or took over another's state by a rename (ReasonRenamed)
+	EventCluster  = "cluster"  // a cluster's first stream opened or last one closed (ReasonConnected, ReasonDisconnected), or it left the configuration (ReasonDeparted), or took over another's state by a rename (ReasonRenamed), or its last state is unknown at the start (ReasonUnknown)
 	EventTakeover = "takeover" // a second stream of a cluster took over from the first (ReasonTakeover), or was refused for competing with a writer that just took over (ReasonCompeting)
 	EventReplica  = "replica"  // a replica joined or left, or a cluster's authority moved (ReasonJoined, ReasonLeft, ReasonAuthority)
 )
@@ -76,6 +76,7 @@ const (
 	ReasonDisconnected = "disconnected"
 	ReasonDeparted     = "departed"
 	ReasonRenamed      = "renamed"
+	ReasonUnknown      = "unknown"
 	ReasonTakeover     = "takeover"
 	ReasonCompeting    = "competing"
 	ReasonJoined       = "joined"
