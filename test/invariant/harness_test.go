@@ -92,6 +92,7 @@ type harness struct {
 	readonly atomic.Bool
 
 	minions map[string]*minion
+	seconds map[string]*minion // a second minion with the same identity (a copied Secret)
 	sinks   []*sink
 
 	violations []violation
@@ -99,11 +100,12 @@ type harness struct {
 
 func newHarness(dir string) *harness {
 	h := &harness{dir: dir, clock: &clock{t: time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)}, log: newRingLog(400), m: newModel(),
-		minions: map[string]*minion{}}
+		minions: map[string]*minion{}, seconds: map[string]*minion{}}
 	h.ingest.Store("")
 	h.serve.Store("")
 	for _, n := range minionNames {
 		h.minions[n] = &minion{id: n, h: h}
+		h.seconds[n] = &minion{id: n, h: h, second: true}
 	}
 	for i, incremental := range []bool{true, true, false, false} {
 		h.sinks = append(h.sinks, newSink(h, fmt.Sprintf("sink-%d", i), incremental))
@@ -215,6 +217,9 @@ func (h *harness) close() {
 	for _, m := range h.minions {
 		m.halt()
 	}
+	for _, m := range h.seconds {
+		m.halt()
+	}
 	for _, s := range h.sinks {
 		s.halt()
 	}
@@ -246,8 +251,9 @@ func newEntry(coll, name string, v int) *mcp.Entry {
 // minion publishes one cluster's objects through the engine's Source over a Cache, as the
 // minion does, redialling the hub's current ingest address.
 type minion struct {
-	id string
-	h  *harness
+	id     string
+	second bool // the identity's second minion
+	h      *harness
 
 	cache  *mcp.Cache
 	cancel context.CancelFunc
@@ -318,7 +324,8 @@ func (m *minion) start(src map[key]int) {
 				m.ended++
 			}
 			m.to, m.answered = "", map[string]uint64{}
-			m.refused = status.Code(err) == codes.PermissionDenied
+			// Refused: its identity is no cluster's, or another minion of it writes the cluster.
+			m.refused = status.Code(err) == codes.PermissionDenied || status.Code(err) == codes.FailedPrecondition
 			m.refusedBy = addr
 			m.mu.Unlock()
 			pause(ctx, 2*time.Millisecond)
@@ -680,9 +687,15 @@ func (h *harness) probe(within time.Duration) (sinkState, error) {
 		defer mu.Unlock()
 		return got, nil
 	case err := <-done:
+		if status.Code(err) == codes.Unavailable {
+			return nil, errNotServing
+		}
 		return nil, fmt.Errorf("the probe's stream ended before it had every collection: %v", err)
 	}
 }
+
+// errNotServing: the hub refuses the sinks (Unavailable): they keep what they hold.
+var errNotServing = errors.New("the hub serves no sink now")
 
 // diff says how a sink's state differs from what the hub serves ("" if it does not).
 func diff(s, served sinkState) string {
@@ -713,10 +726,29 @@ func reviewedDigest(hb *hub.Hub, cluster string) string {
 // endedStreams counts the minions' streams that ended after the hub had answered them.
 func (h *harness) endedStreams() int {
 	n := 0
-	for _, m := range h.minions {
-		m.mu.Lock()
-		n += m.ended
-		m.mu.Unlock()
+	for _, ms := range []map[string]*minion{h.minions, h.seconds} {
+		for _, m := range ms {
+			m.mu.Lock()
+			n += m.ended
+			m.mu.Unlock()
+		}
 	}
 	return n
+}
+
+// writes reports whether the hub listening on ingest takes m's pushes: its current stream
+// has been answered there.
+func (m *minion) writes(ingest string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.refused && m.to == ingest && len(m.answered) > 0
+}
+
+// mayWriteNow forgets that m's last stream was refused: the hub may admit its next one (its
+// cluster is configured again, the minion it competed with stopped), so only an answer or
+// a refusal after this settles it.
+func (m *minion) mayWriteNow() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.refused = false
 }

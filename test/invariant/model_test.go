@@ -36,6 +36,9 @@ type model struct {
 	pub     map[string]map[key]int // what the minion last published (its source, while it ran)
 	acc     map[string]map[key]int // what of it the hub could take: delivered while its cluster owned it
 	running map[string]bool
+	src2    map[string]map[key]int  // the identity's second minion's source (a copied Secret)
+	second  map[string]bool         // it runs
+	either  map[string]map[key]bool // while two minions of an identity run: what either publishes (the hub may serve it)
 	cfg     []entry
 	removed map[string]removal // cluster name -> its objects, until an operator confirms
 	version int
@@ -51,7 +54,7 @@ func baseConfig() []entry {
 
 func newModel() *model {
 	m := &model{src: map[string]map[key]int{}, saved: map[string]map[key]int{}, pub: map[string]map[key]int{}, acc: map[string]map[key]int{},
-		running: map[string]bool{}, cfg: baseConfig(), removed: map[string]removal{}}
+		running: map[string]bool{}, cfg: baseConfig(), removed: map[string]removal{}, src2: map[string]map[key]int{}, second: map[string]bool{}, either: map[string]map[key]bool{}}
 	for _, n := range minionNames {
 		m.src[n], m.pub[n], m.acc[n] = map[key]int{}, map[key]int{}, map[key]int{}
 	}
@@ -89,14 +92,15 @@ type prot struct {
 // it, and, if its cluster is configured, what of it the hub took: what the cluster owns, and
 // of the rest the version it took before (a refused update keeps it); what it never took it
 // will take only when the minion sends it again under an ownership that allows it.
-func (m *model) published(id string) {
-	m.pub[id] = maps.Clone(m.src[id])
+func (m *model) published(id string, src map[key]int) {
+	delete(m.either, id)
+	m.pub[id] = maps.Clone(src)
 	c := m.clusterOf(id)
 	if c == nil {
 		return // refused: the hub keeps what it had
 	}
 	acc := map[key]int{}
-	for k, v := range m.src[id] {
+	for k, v := range src {
 		switch last, ok := m.acc[id][k]; {
 		case k.namespace() == c.ns:
 			acc[k] = v
@@ -105,6 +109,33 @@ func (m *model) published(id string) {
 		}
 	}
 	m.acc[id] = acc
+}
+
+// publishedByTwo records what an identity's two live minions publish, as the hub may take
+// either's (the one that took over last writes; a reconfiguration may let the other take
+// over once more): of what the cluster owns, only what both publish is sure to stay, at
+// either's version (-1: any).
+func (m *model) publishedByTwo(id string) {
+	m.pub[id] = maps.Clone(m.src[id])
+	c := m.clusterOf(id)
+	if c == nil {
+		return
+	}
+	acc := map[key]int{}
+	for k := range m.src[id] {
+		if _, both := m.src2[id][k]; both && k.namespace() == c.ns {
+			acc[k] = -1
+		}
+	}
+	m.acc[id] = acc
+	m.either[id] = map[key]bool{}
+	for _, src := range []map[key]int{m.src[id], m.src2[id]} {
+		for k := range src {
+			if k.namespace() == c.ns {
+				m.either[id][k] = true
+			}
+		}
+	}
 }
 
 // protected returns the objects no sink may lose: those a configured cluster's writer
@@ -119,7 +150,7 @@ func (m *model) protected() map[key]prot {
 		}
 		for k, v := range acc {
 			if k.namespace() == c.ns {
-				out[k] = prot{cluster: c.name, version: v}
+				out[k] = prot{cluster: c.name, version: v, lenient: v < 0}
 			}
 		}
 	}
@@ -168,9 +199,20 @@ func (m *model) reconfigure(cfg []entry) {
 	prot := m.protected()
 	old := m.cfg
 	m.cfg = cfg
+	known := func(name string) bool {
+		for _, x := range old {
+			if x.name == name {
+				return true
+			}
+		}
+		return false
+	}
 	for _, o := range old {
 		if m.configured(o.name) {
 			continue
+		}
+		if n := m.clusterOf(o.identity); n != nil && !known(n.name) {
+			continue // renamed: the hub moves what it had to the new name
 		}
 		r := removal{identity: o.identity, keys: map[key]bool{}}
 		for k, p := range prot {

@@ -1,6 +1,7 @@
 package invariant
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -52,11 +53,40 @@ func (h *harness) do(e event) error {
 	case "stop":
 		m.running[e.args[0]] = false
 		h.minions[e.args[0]].halt()
+		if m.second[e.args[0]] { // the second, refused while this one wrote, takes over
+			h.seconds[e.args[0]].mayWriteNow()
+			return h.waitWrites(h.seconds[e.args[0]])
+		}
 	case "start":
 		m.running[e.args[0]] = true
 		h.minions[e.args[0]].start(m.src[e.args[0]])
 	case "cut":
 		h.minions[e.args[0]].cutStream()
+	case "second":
+		// A second minion with the identity's certificate starts (publishing a state of its
+		// own: a copied Secret in another deployment) or stops.
+		id := e.args[0]
+		if m.second[id] {
+			m.second[id] = false
+			h.seconds[id].halt()
+			// The first, refused while the second wrote, takes over at its next attempt:
+			// only an answer or a refusal after this settles it.
+			if m.running[id] {
+				h.minions[id].mayWriteNow()
+				return h.waitWrites(h.minions[id])
+			}
+			break
+		}
+		seed, _ := strconv.Atoi(e.args[1])
+		src := map[key]int{}
+		for i := range objectNames {
+			if (seed>>i)&1 == 1 {
+				m.version++
+				src[key{collNames[i%2], fmt.Sprintf("%s/o%d", homeNS[id], i)}] = m.version
+			}
+		}
+		m.src2[id], m.second[id] = src, true
+		h.seconds[id].start(src)
 	case "crash", "restart":
 		h.stopHub(e.op == "crash")
 		return h.startHub()
@@ -91,10 +121,10 @@ func (h *harness) do(e event) error {
 		// take an answer of one of them for the minion's state. A minion refused before may
 		// be admitted now: only a refusal after the reload settles it.
 		h.waitEnded(ended + res.ClosedIngest)
-		for _, mi := range h.minions {
-			mi.mu.Lock()
-			mi.refused = false
-			mi.mu.Unlock()
+		for _, ms := range []map[string]*minion{h.minions, h.seconds} {
+			for _, mi := range ms {
+				mi.mayWriteNow()
+			}
 		}
 	case "release":
 		// The operator reviews what the breaker holds, then releases that.
@@ -131,6 +161,9 @@ func (h *harness) settle(step int) string {
 			if h.m.running[id] && !h.minions[id].settled(h.ingest.Load().(string)) {
 				amiss = append(amiss, "minion "+id+" not answered")
 			}
+			if h.m.second[id] && !h.seconds[id].settled(h.ingest.Load().(string)) {
+				amiss = append(amiss, "minion "+id+"'s second not answered")
+			}
 		}
 		if len(amiss) == 0 {
 			break
@@ -141,14 +174,23 @@ func (h *harness) settle(step int) string {
 		time.Sleep(time.Millisecond)
 	}
 	for _, id := range minionNames {
-		if h.m.running[id] {
-			h.m.published(id)
+		// The cluster's writer is whichever of the identity's minions the hub takes.
+		switch ingest := h.ingest.Load().(string); {
+		case h.m.second[id] && h.m.running[id]:
+			h.m.publishedByTwo(id)
+		case h.m.second[id] && h.seconds[id].writes(ingest):
+			h.m.published(id, h.m.src2[id])
+		case h.m.running[id]:
+			h.m.published(id, h.m.src[id])
 		}
 	}
 	if !h.hub.Ready() {
 		return ""
 	}
 	served, err := h.probe(time.Until(deadline))
+	if errors.Is(err, errNotServing) {
+		return "" // the sinks keep what they hold: the changes they received are checked
+	}
 	if err != nil {
 		return err.Error()
 	}
@@ -182,6 +224,11 @@ func (h *harness) allowed() map[key]bool {
 	}
 	for _, r := range h.m.removed {
 		for k := range r.keys {
+			out[k] = true
+		}
+	}
+	for _, ks := range h.m.either {
+		for k := range ks {
 			out[k] = true
 		}
 	}
@@ -307,4 +354,18 @@ func (h *harness) waitEnded(n int) {
 	for h.endedStreams() < n && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// waitWrites waits until the hub takes mi's pushes (a minion of an identity whose other
+// minion stopped takes over once the hub has seen that one's stream end), unless mi's
+// cluster is no configured one's.
+func (h *harness) waitWrites(mi *minion) error {
+	deadline := time.Now().Add(settleTimeout)
+	for time.Now().Before(deadline) {
+		if mi.writes(h.ingest.Load().(string)) || h.m.clusterOf(mi.id) == nil {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("minion %s did not take over its cluster within %v once the other stopped", mi.id, settleTimeout)
 }

@@ -18,6 +18,8 @@ import (
 //	stop MINION              the minion's process stops
 //	start MINION             the minion's process starts (a new process: its source as it is now)
 //	cut MINION               the minion's stream to the hub is cut; it redials
+//	second MINION SEED       a second minion with MINION's certificate starts (SEED picks what it
+//	                         publishes: a copied Secret in another deployment), or stops
 //	crash                    the hub is killed (-9) and started again on its state directory
 //	restart                  the hub stops cleanly and starts again
 //	damage KIND SEED         with the hub stopped: its state file is damaged, then it starts
@@ -39,7 +41,7 @@ func (e event) String() string { return strings.Join(append([]string{e.op}, e.ar
 // arity is how many arguments each operation takes.
 var arity = map[string]int{
 	"put": 3, "del": 3, "empty": 1, "restore": 1, "stop": 1, "start": 1, "cut": 1,
-	"crash": 0, "restart": 0, "damage": 2, "disk": 1, "readonly": 1, "release": 1, "advance": 1,
+	"crash": 0, "restart": 0, "damage": 2, "disk": 1, "readonly": 1, "release": 1, "advance": 1, "second": 2,
 }
 
 // parseScript reads a script: one event per line; blank lines and lines starting with #
@@ -154,6 +156,9 @@ func (g *generator) next() event {
 		g.running[m] = true
 		return event{"start", []string{m}}
 	case n < 55:
+		if g.r.IntN(2) == 0 {
+			return event{"second", []string{m, strconv.Itoa(g.r.IntN(1 << objectNames))}}
+		}
 		return event{"cut", []string{m}}
 	case n < 61:
 		return event{"crash", nil}
