@@ -230,8 +230,9 @@ func TestTLSRefusals(t *testing.T) {
 		t.Errorf("refusals changed the store: %s -> %s", before, after)
 	}
 
-	// Revoked: west removed from the configuration while connected. Its stream is closed,
-	// its reconnects are refused, and its resources stop being served.
+	// Revoked: west removed from the configuration while connected. Its stream is closed
+	// and its reconnects are refused; its resources stay served, held, until an operator
+	// confirms the removal (issue 25, finding 6).
 	next := *cfg
 	next.Clusters = cfg.Clusters[:1]
 	res, err := h.Reload(&next)
@@ -239,6 +240,13 @@ func TestTLSRefusals(t *testing.T) {
 	// not resend unchanged, and the new ownership may allow it.
 	if err != nil || res.ClosedIngest != 2 {
 		t.Fatalf("revoking west: %+v, %v", res, err)
+	}
+	digest := departedDigest(t, h, "west")
+	if v := sink.view(vs); !strings.Contains(v, "@west") {
+		t.Errorf("west's objects withdrawn before anyone confirmed its removal: %q", v)
+	}
+	if _, err := h.ReleaseBreaker("west", "spiffe://"+td+"/operator/ann", digest); err != nil {
+		t.Fatalf("confirming west's removal: %v", err)
 	}
 	waitFor(t, 10*time.Second, "west withdrawn from the sink", func() bool { return sink.view(vs) == "shop/cart@east" })
 	waitFor(t, 10*time.Second, "west disconnected", func() bool {
@@ -350,4 +358,21 @@ func TestSinkRoutedByCertificateName(t *testing.T) {
 	if out := hubCLI(t, admin)("why", vs, "shop/cart"); !strings.Contains(out, "rules prod): up to date") {
 		t.Errorf("hub why:\n%s", out)
 	}
+}
+
+// departedDigest is the digest of what a cluster that left the configuration holds (its
+// breaker's), once the hub shows it departed.
+func departedDigest(t *testing.T, h *hub.Hub, cluster string) string {
+	t.Helper()
+	var digest string
+	waitFor(t, 10*time.Second, cluster+" departed, held", func() bool {
+		for _, c := range h.Clusters() {
+			if c.Name == cluster && c.Departed != nil && c.Breaker != nil {
+				digest = c.Breaker.Digest
+				return true
+			}
+		}
+		return false
+	})
+	return digest
 }
