@@ -235,6 +235,61 @@ func TestWarmUpRefusalsAreNotAuthFailures(t *testing.T) {
 	testwait.For(t, 10*time.Second, "the sink served", func() bool { return subscribe(sink) == nil })
 }
 
+// A cluster and a sink are known by their certificate's one URI SAN, a canonical SPIFFE ID,
+// as an operator is (issue 25, finding 9): a certificate with only a common name that looks
+// like east's ID does not push as east (Unauthenticated), one that looks like a sink's does
+// not subscribe, and a sink's URI SAN whose path a URI parser would read as another is no
+// sink's (PermissionDenied); each refusal says why.
+func TestClusterAndSinkAreCanonicalSPIFFEIDs(t *testing.T) {
+	p := newPKI(t)
+	_, ingest, serve := runTLSHub(t, p, slog.New(slog.DiscardHandler))
+	cnCreds := func(prefix, cn string) credentials.TransportCredentials {
+		cert, key, _ := p.ca.IssueCN(t, p.dir, prefix, cn)
+		s, err := meshtls.NewSource(meshtls.Files{Cert: cert, Key: key, CA: p.bundle}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(s.ClientConfig(""))
+	}
+	// A minion's push stream: the hub, its sink, speaks first (it asks for the collections),
+	// unless it refuses the stream.
+	push := func(cc *grpc.ClientConn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := mcppb.NewResourceSinkClient(cc).EstablishResourceStream(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	if err := push(clientConn(t, ingest, p.creds("east", "spiffe://mesh.test/cluster/east"))); err != nil {
+		t.Fatalf("east's own certificate: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		try  func() error
+		code codes.Code
+		says string
+	}{
+		{"a cluster's ID as the common name", func() error {
+			return push(clientConn(t, ingest, cnCreds("east-cn", "spiffe://mesh.test/cluster/east")))
+		},
+			codes.Unauthenticated, `its common name "spiffe://mesh.test/cluster/east" looks like a SPIFFE ID`},
+		{"a sink's ID as the common name", func() error {
+			return subscribe(clientConn(t, serve, cnCreds("sink-cn", "spiffe://mesh.test/sink/istiod")))
+		},
+			codes.Unauthenticated, "looks like a SPIFFE ID"},
+		{"a sink's path through ..", func() error {
+			return subscribe(clientConn(t, serve, p.creds("dots", "spiffe://mesh.test/sink/istiod/../../cluster/east")))
+		}, codes.PermissionDenied, `identity "spiffe://mesh.test/sink/istiod/../../cluster/east" is not a sink identity`},
+	} {
+		if err := tc.try(); status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want %v saying %q", tc.name, err, tc.code, tc.says)
+		}
+	}
+}
+
 // A plaintext client on the TLS listeners, and a certificate with two SPIFFE IDs, are
 // refused at the handshake and counted by reason.
 func TestRefusedHandshakesCounted(t *testing.T) {

@@ -707,8 +707,10 @@ func (c *Config) compileCtx(ctx context.Context) (*compiled, error) {
 		}
 	}
 	td := c.SPIFFETrustDomain()
-	if td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
-		return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain (lower case, no scheme or path)", td)
+	if td != "" {
+		if err := meshtls.CheckTrustDomain(td); err != nil {
+			return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain: %w", td, err)
+		}
 	}
 	if err := c.WarmUp.Check("warmUp"); err != nil {
 		return nil, err
@@ -886,9 +888,13 @@ func (out *compiled) addClusters(ctx context.Context, c *Config, g tenantGroup, 
 			return fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
 		}
 		for j, id := range ids {
-			if kind, _, _ := meshtls.ParseID(td, id); td != "" && kind != meshtls.KindCluster {
-				return fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
-					field, cl.Name, j, id, td, td)
+			if kind, _, err := meshtls.CheckID(td, id); td != "" && (err != nil || kind != meshtls.KindCluster) {
+				why := fmt.Sprintf("its kind is %q", kind)
+				if err != nil {
+					why = err.Error()
+				}
+				return fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME): %s",
+					field, cl.Name, j, id, td, td, why)
 			}
 			if other, dup := out.identity[id]; dup || id == "" {
 				return fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)
