@@ -513,7 +513,7 @@ func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.Serve
 	l := h.cfg.Limits
 	sc := mcp.ServerConfig{Authenticate: auth, Ready: h.readyToServe, Logger: h.log, Metrics: h.mcpMetrics,
 		StreamRate: l.StreamsPerSecond, StreamBurst: l.StreamBurst, MaxStreamsPerPeer: l.MaxStreamsPerPeer, IdleTimeout: l.IdleTimeout.Duration,
-		RefusalDelay: l.RefusalDelay.Duration}
+		RefusalDelay: l.RefusalDelay.Duration, MaxStreamsPerPeerSetting: "limits.maxStreamsPerPeer"}
 	if sc.MaxStreamsPerPeer == 0 {
 		sc.MaxStreamsPerPeer = -1 // the configuration's 0 is no cap; the engine's is its default
 	}
