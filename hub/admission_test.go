@@ -103,6 +103,12 @@ func (p *pki) creds(prefix string, names ...string) credentials.TransportCredent
 // connected (so it is warming up for an hour), logging to log.
 func runTLSHub(t *testing.T, p *pki, log *slog.Logger) (h *Hub, ingest, serve string) {
 	t.Helper()
+	return runTLSHubWith(t, p, log, nil)
+}
+
+// runTLSHubWith is runTLSHub with the configuration changed by edit (if not nil) first.
+func runTLSHubWith(t *testing.T, p *pki, log *slog.Logger, edit func(*Config)) (h *Hub, ingest, serve string) {
+	t.Helper()
 	cfg, err := ParseConfig([]byte(`
 tls: {certFile: ` + p.hubCert + `, keyFile: ` + p.hubKy + `, caFile: ` + p.bundle + `}
 trustDomain: mesh.test
@@ -120,6 +126,9 @@ routing: {default: {name: all}}
 	// Refusals answered at once: the tests loop on them by the thousand, to see them counted
 	// and logged (TestRefusalsWaitOutTheDelay, in mcp, tests the delay).
 	cfg.Limits.RefusalDelay = Duration{}
+	if edit != nil {
+		edit(cfg)
+	}
 	h, err = New(cfg, log, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -235,6 +244,111 @@ func TestWarmUpRefusalsAreNotAuthFailures(t *testing.T) {
 	testwait.For(t, 10*time.Second, "the sink served", func() bool { return subscribe(sink) == nil })
 }
 
+// A cluster and a sink are known by their certificate's one URI SAN, a canonical SPIFFE ID,
+// as an operator is (issue 25, finding 9): a certificate with only a common name that looks
+// like east's ID does not push as east (Unauthenticated), one that looks like a sink's does
+// not subscribe, and a sink's URI SAN whose path a URI parser would read as another is no
+// sink's (PermissionDenied); each refusal says why.
+func TestClusterAndSinkAreCanonicalSPIFFEIDs(t *testing.T) {
+	p := newPKI(t)
+	_, ingest, serve := runTLSHub(t, p, slog.New(slog.DiscardHandler))
+	cnCreds := func(prefix, cn string) credentials.TransportCredentials {
+		cert, key, _ := p.ca.IssueCN(t, p.dir, prefix, cn)
+		s, err := meshtls.NewSource(meshtls.Files{Cert: cert, Key: key, CA: p.bundle}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(s.ClientConfig(""))
+	}
+	// A minion's push stream: the hub, its sink, speaks first (it asks for the collections),
+	// unless it refuses the stream.
+	push := func(cc *grpc.ClientConn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := mcppb.NewResourceSinkClient(cc).EstablishResourceStream(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	if err := push(clientConn(t, ingest, p.creds("east", "spiffe://mesh.test/cluster/east"))); err != nil {
+		t.Fatalf("east's own certificate: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		try  func() error
+		code codes.Code
+		says string
+	}{
+		{"a cluster's ID as the common name", func() error {
+			return push(clientConn(t, ingest, cnCreds("east-cn", "spiffe://mesh.test/cluster/east")))
+		},
+			codes.Unauthenticated, `its common name "spiffe://mesh.test/cluster/east" looks like a SPIFFE ID`},
+		{"a sink's ID as the common name", func() error {
+			return subscribe(clientConn(t, serve, cnCreds("sink-cn", "spiffe://mesh.test/sink/istiod")))
+		},
+			codes.Unauthenticated, "looks like a SPIFFE ID"},
+		{"a sink's path through ..", func() error {
+			return subscribe(clientConn(t, serve, p.creds("dots", "spiffe://mesh.test/sink/istiod/../../cluster/east")))
+		}, codes.PermissionDenied, `identity "spiffe://mesh.test/sink/istiod/../../cluster/east" is not a sink identity`},
+	} {
+		if err := tc.try(); status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want %v saying %q", tc.name, err, tc.code, tc.says)
+		}
+	}
+}
+
+// A fleet of sinks sharing one identity (istiods of one service account) beyond
+// limits.maxStreamsPerPeer has the rest refused, and whoever runs the hub must find out
+// why (issue 25, finding 9.4): the refusal is logged at WARN, once per identity per
+// interval however many are refused, naming the identity, the cap, the setting to raise
+// and the metric that counts them; the refused sink is told the setting too.
+func TestTooManyStreamsOfOneIdentityTellTheUserWhatToRaise(t *testing.T) {
+	const max, over = 3, 5
+	p := newPKI(t)
+	log := &records{}
+	h, _, serve := runTLSHubWith(t, p, slog.New(log), func(c *Config) { c.Limits.MaxStreamsPerPeer = max })
+	mustApply(t, h, "east", vsPush(t, "shop/a")) // east has synced: the hub serves sinks
+	testwait.For(t, 10*time.Second, "the hub ready", h.Ready)
+	const id = "spiffe://mesh.test/sink/istiod"
+	fleet := clientConn(t, serve, p.creds("istiod", id))
+	for i := range max {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		st, err := mcppb.NewResourceSourceClient(fleet).EstablishResourceStream(ctx)
+		if err == nil {
+			err = st.Send(&mcppb.RequestResources{Collection: vsColl})
+		}
+		if err == nil {
+			_, err = st.Recv()
+		}
+		if err != nil {
+			t.Fatalf("stream %d of %d: %v", i+1, max, err)
+		}
+	}
+	for range over {
+		err := subscribe(fleet)
+		if s := status.Convert(err); s.Code() != codes.ResourceExhausted || !strings.Contains(s.Message(), "limits.maxStreamsPerPeer") {
+			t.Fatalf("a stream beyond the cap: %v, want ResourceExhausted naming limits.maxStreamsPerPeer", err)
+		}
+	}
+	if n := rejected(t, h, "too_many_streams"); n != over {
+		t.Errorf("too_many_streams = %v, want %d", n, over)
+	}
+	const msg = "refusing stream: peer has too many streams open"
+	if all, warn := log.count(msg); all != 1 || warn != 1 {
+		t.Fatalf("%d refusals logged %d lines (%d at WARN), want 1 at WARN", over, all, warn)
+	}
+	got := log.last(msg)
+	for k, v := range map[string]string{"identity": id, "max_per_peer": "3", "raise": "limits.maxStreamsPerPeer", "reason": "too_many_streams",
+		"metric": `meshfed_mcp_streams_rejected_total{reason="too_many_streams"}`} {
+		if got[k] != v {
+			t.Errorf("the refusal's line: %s=%q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
 // A plaintext client on the TLS listeners, and a certificate with two SPIFFE IDs, are
 // refused at the handshake and counted by reason.
 func TestRefusedHandshakesCounted(t *testing.T) {
@@ -298,7 +412,7 @@ func TestLimitsConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l := cfg.Limits; l.StreamBurst != 7 || l.MaxStreamsPerPeer != 64 || l.IdleTimeout.Duration != 30*time.Second {
+	if l := cfg.Limits; l.StreamBurst != 7 || l.MaxStreamsPerPeer != 1024 || l.IdleTimeout.Duration != 30*time.Second {
 		t.Errorf("limits %+v, want the defaults but streamBurst", l)
 	}
 	for _, tc := range []struct{ yaml, want string }{
@@ -315,7 +429,7 @@ func TestLimitsConfig(t *testing.T) {
 		t.Errorf("serverConfig = %+v, want no cap, no idle timeout and the warm-up", sc)
 	}
 	h = testHub(t, base)
-	if sc := h.serverConfig(nil); sc.MaxStreamsPerPeer != 64 || sc.IdleTimeout != 30*time.Second {
+	if sc := h.serverConfig(nil); sc.MaxStreamsPerPeer != 1024 || sc.IdleTimeout != 30*time.Second || sc.MaxStreamsPerPeerSetting != "limits.maxStreamsPerPeer" {
 		t.Errorf("serverConfig = %+v, want the configured cap and idle timeout", sc)
 	}
 }

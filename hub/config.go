@@ -196,9 +196,15 @@ func Defaults() *Config {
 		Backoff:        ops.Backoff{Initial: ops.D(100 * time.Millisecond), Max: ops.D(30 * time.Second)},
 		// Istio's sinks redial in a tight loop when a stream fails: a few streams a second
 		// per peer is plenty for a healthy one. A peer needs one stream per service (a
-		// minion one push and one relay stream, an istiod one), but every istiod of a
-		// deployment may share one sink identity and a lost stream stays open until
-		// keepalive notices: 64 leaves room for both. Every peer speaks at once.
+		// minion one push and one relay stream, an istiod one), but a peer is an identity,
+		// and a fleet shares one: every istiod of a service account (tens per cluster under
+		// an autoscaler, and every cluster's, where one sink certificate is issued to all),
+		// each with up to two streams open while a lost one waits for keepalive to notice
+		// it (40 s; a whole fleet redials at once when a network heals). 64 refused such a
+		// fleet's 33rd replica for good; 1,024 (the engine's default, so every listener has
+		// one) holds 512 replicas through such a heal, and still bounds a leaked or looping
+		// identity to about 60 MiB (an idle sink costs 58-64 KiB, ARCHITECTURE.md),
+		// reached at streamsPerSecond only after minutes. Every peer speaks at once.
 		// A refusal answered at once lets a looping peer make thousands a second; answered
 		// after a second, each of its loops makes one (make bench, noisy-tenant row).
 		// Before any of that, a connection costs a file descriptor from accept on, whoever
@@ -209,7 +215,7 @@ func Defaults() *Config {
 		// to 64 descriptors; 0 derives the cap from the open files limit, keeping a tenth
 		// (at least 64) for the state file, the log and the hub's own dials, and
 		// connlimit.HTTPReserve for the http listener.
-		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: 64, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(mcp.DefaultRefusalDelay),
+		Limits: LimitsConfig{StreamsPerSecond: 5, StreamBurst: 20, MaxStreamsPerPeer: mcp.DefaultMaxStreamsPerPeer, IdleTimeout: ops.D(30 * time.Second), RefusalDelay: ops.D(mcp.DefaultRefusalDelay),
 			Connections: ops.Connections{HandshakeTimeout: ops.D(10 * time.Second), MaxPendingPerIP: 64, MaxConnections: 0}},
 		// An emptied source trips it (everything withdrawn); an ordinary rollout, which
 		// deletes a few objects or fewer than half of a collection, does not. Settling two
@@ -271,8 +277,10 @@ type LimitsConfig struct {
 	StreamsPerSecond float64 `json:"streamsPerSecond,omitempty"`
 	// StreamBurst is how many a peer may open at once.
 	StreamBurst int `json:"streamBurst,omitempty"`
-	// MaxStreamsPerPeer is how many streams a peer may keep open at once; one more is
-	// refused with ResourceExhausted (too_many_streams). 0: no cap.
+	// MaxStreamsPerPeer is how many streams a peer (an identity: a fleet sharing one
+	// certificate is one peer) may keep open at once on each service; one more is refused
+	// with ResourceExhausted (too_many_streams), logged at WARN once per identity per
+	// minute naming this field. 0: no cap.
 	MaxStreamsPerPeer int `json:"maxStreamsPerPeer,omitempty"`
 	// IdleTimeout closes a new stream whose peer sends nothing within it (idle). Only the
 	// first message is awaited: a subscribed sink may then be quiet for as long as nothing
@@ -711,8 +719,10 @@ func (c *Config) compileCtx(ctx context.Context) (*compiled, error) {
 		}
 	}
 	td := c.SPIFFETrustDomain()
-	if td != "" && (strings.ContainsAny(td, "/:") || td != strings.ToLower(td)) {
-		return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain (lower case, no scheme or path)", td)
+	if td != "" {
+		if err := meshtls.CheckTrustDomain(td); err != nil {
+			return nil, fmt.Errorf("trustDomain: %q is not a SPIFFE trust domain: %w", td, err)
+		}
 	}
 	if err := c.WarmUp.Check("warmUp"); err != nil {
 		return nil, err
@@ -890,9 +900,13 @@ func (out *compiled) addClusters(ctx context.Context, c *Config, g tenantGroup, 
 			return fmt.Errorf("%s (%q).identities: at least one identity is required (or set trustDomain)", field, cl.Name)
 		}
 		for j, id := range ids {
-			if kind, _, _ := meshtls.ParseID(td, id); td != "" && kind != meshtls.KindCluster {
-				return fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME)",
-					field, cl.Name, j, id, td, td)
+			if kind, _, err := meshtls.CheckID(td, id); td != "" && (err != nil || kind != meshtls.KindCluster) {
+				why := fmt.Sprintf("its kind is %q", kind)
+				if err != nil {
+					why = err.Error()
+				}
+				return fmt.Errorf("%s (%q).identities[%d]: %q is not a cluster identity of trust domain %q (spiffe://%s/cluster/NAME): %s",
+					field, cl.Name, j, id, td, td, why)
 			}
 			if other, dup := out.identity[id]; dup || id == "" {
 				return fmt.Errorf("%s (%q).identities[%d]: %q is empty or already cluster %q's", field, cl.Name, j, id, other)

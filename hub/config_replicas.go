@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/meshfed/meshfed/internal/ops"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // The replicas section of the configuration file. The core only carries it: the replica
@@ -67,8 +67,8 @@ func (r *ReplicasConfig) UnmarshalJSON(b []byte) error {
 }
 
 func (r *ReplicasConfig) check(c *Config) error {
-	if r.Name == "" || strings.ContainsAny(r.Name, "/:?# ") {
-		return fmt.Errorf("replicas.name: %q is not a valid replica name (it becomes spiffe://<trustDomain>/hub/<name>)", r.Name)
+	if err := meshtls.CheckName(r.Name); err != nil {
+		return fmt.Errorf("replicas.name: %q is not a valid replica name (it becomes spiffe://<trustDomain>/hub/<name>): %v", r.Name, err)
 	}
 	if c.SPIFFETrustDomain() == "" && !c.Insecure {
 		return errors.New("replicas: trustDomain is required: replicas authenticate each other as spiffe://<trustDomain>/hub/<name>")

@@ -13,6 +13,7 @@ import (
 	"github.com/meshfed/meshfed/internal/ops"
 	"github.com/meshfed/meshfed/mcp/kinds"
 	"github.com/meshfed/meshfed/routing"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Tenants: a vendor's hub serves many customers. Each tenant groups its clusters (their
@@ -198,8 +199,8 @@ func (c *Config) compileTenants(ctx context.Context, out *compiled, groups []ten
 		out.vendorOps = map[string]bool{}
 	}
 	for i, op := range c.Operators {
-		if op == "" || strings.ContainsAny(op, "/*") {
-			return fmt.Errorf("operators[%d]: %q: an operator's name (spiffe://<trustDomain>/operator/NAME), without \"/\" or \"*\"", i, op)
+		if err := meshtls.CheckName(op); err != nil {
+			return fmt.Errorf("operators[%d]: %q is not an operator's name (spiffe://<trustDomain>/operator/NAME): %v", i, op, err)
 		}
 		for _, t := range c.Tenants {
 			if slices.Contains(t.Operators, op) {

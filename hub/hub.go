@@ -46,6 +46,10 @@ type Hub struct {
 	// stateFaults are Options.StateFaults (tests only).
 	stateFaults *durable.Faults
 	now         func() time.Time
+	// nodeIDLogs keeps the line saying a sink's SinkNode id is not its certificate's name to
+	// one per identity per interval (serve.go): a fleet sharing a certificate says it on
+	// every stream and collection.
+	nodeIDLogs *lograte.Limiter
 
 	store    *store
 	sinks    *sinkRegistry
@@ -144,6 +148,7 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		watchers: newWatchRegistry(), clusters: map[string]*clusterState{}, readyCh: make(chan struct{}), health: health.NewServer(),
 		layerChanged: layerChanged, stateFaults: opts.StateFaults, dryRuns: make(chan struct{}, dryRunSlots)}
 	h.dryRunTimeout.Store(int64(dryRunTimeout))
+	h.nodeIDLogs = lograte.New(lograte.DefaultInterval, func() time.Time { return h.now() })
 	h.live.Store(&live{cfg: cfg, comp: comp})
 	var changed func(cluster, collection string, put []*mcp.Entry, removed []string)
 	if cfg.Persist || layerChanged != nil {
@@ -509,7 +514,7 @@ func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.Serve
 	l := h.cfg.Limits
 	sc := mcp.ServerConfig{Authenticate: auth, Ready: h.readyToServe, Logger: h.log, Metrics: h.mcpMetrics,
 		StreamRate: l.StreamsPerSecond, StreamBurst: l.StreamBurst, MaxStreamsPerPeer: l.MaxStreamsPerPeer, IdleTimeout: l.IdleTimeout.Duration,
-		RefusalDelay: l.RefusalDelay.Duration}
+		RefusalDelay: l.RefusalDelay.Duration, MaxStreamsPerPeerSetting: "limits.maxStreamsPerPeer"}
 	if sc.MaxStreamsPerPeer == 0 {
 		sc.MaxStreamsPerPeer = -1 // the configuration's 0 is no cap; the engine's is its default
 	}

@@ -211,7 +211,6 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		reasons = append(reasons, reason)
 	}
 	keep := map[string]bool{}
-	aclRejected, overQuota := false, false
 	var quota *quotaGuard // copies were bounded where they were written
 	if s.own {
 		quota = cur.comp.quotaFor(cs.name)
@@ -232,12 +231,12 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 			hosts, err = acl.Hosts(c.Collection, r.GetBody().GetValue())
 		}
 		if err == nil {
-			err, reason = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts}), api.ReasonNotOwned
+			err = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
+			reason = checkReason(err)
 		}
 		if err != nil {
 			refuse(e.Name, reason, err)
 			keep[e.Name] = true
-			aclRejected = true
 			continue
 		}
 		res, err := newResource(cs.name, c.Collection, e, r, hosts)
@@ -245,7 +244,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		if err == nil && quota != nil && len(res.served.Encoded) > quota.q.MaxObjectBytes {
 			err = fmt.Errorf("%s is %d bytes as served, more than maxObjectBytes %d (what a sink can receive in one push is %d)",
 				e.Name, len(res.served.Encoded), quota.q.MaxObjectBytes, maxServedObject(cur.comp.maxMessage))
-			reason, overQuota = api.ReasonOverQuota, true
+			reason = api.ReasonOverQuota
 		}
 		if err != nil {
 			refuse(e.Name, reason, err)
@@ -266,7 +265,6 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	for _, r := range res.refused {
 		rejected, reasons = append(rejected, r), append(reasons, api.ReasonOverQuota)
 	}
-	overQuota = overQuota || len(res.refused) > 0
 	refused := len(rejected) // the ones not stored; conflicts are stored and may be served later
 	for _, cf := range res.lost {
 		refuse(cf.Name, api.ReasonConflict, fmt.Errorf("conflicts with cluster %q's %s, which is served (%s); this one is held and served if that one goes away",
@@ -334,16 +332,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		// resources, which stay in status, logs and metrics: it is ACKed.
 		return nil
 	}
-	code := codes.AlreadyExists // only conflicts
-	switch {
-	case aclRejected:
-		code = codes.PermissionDenied
-	case overQuota:
-		code = codes.ResourceExhausted
-	case res.breaker.open && len(res.breaker.withheld) > 0:
-		code = codes.FailedPrecondition
-	}
-	return mcp.RejectionError(code, c.Collection, rejected)
+	return mcp.RejectionError(nackCode(reasons, res.breaker.open && len(res.breaker.withheld) > 0), c.Collection, rejected)
 }
 
 // Apply applies a change to the store as if cluster had pushed it on a stream: the ACL, the

@@ -87,7 +87,11 @@ func (h *Hub) operator(r *http.Request) (operator, who string, refused *actionRe
 		if idErr != nil {
 			return "", who, &actionRefusal{http.StatusForbidden, fmt.Sprintf("%v: actions need a client certificate for %s", idErr, want)}
 		}
-		if kind, _, ok := meshtls.ParseID(td, who); !ok || kind != meshtls.KindOperator {
+		// Only the canonical spelling is an operator (meshtls.CheckID): a path that would
+		// normalize to another (operator/alice/../../cluster/west) is none.
+		if kind, _, err := meshtls.CheckID(td, who); err != nil {
+			return "", who, &actionRefusal{http.StatusForbidden, fmt.Sprintf("identity %q is not an operator (not a SPIFFE ID of this hub: %v): actions need a client certificate for %s", who, err, want)}
+		} else if kind != meshtls.KindOperator {
 			return "", who, &actionRefusal{http.StatusForbidden, fmt.Sprintf("identity %q is not an operator: actions need a client certificate for %s", who, want)}
 		}
 		return who, who, nil

@@ -285,6 +285,54 @@ routing: {default: {name: all}}
 	}
 }
 
+// An operator is its certificate's one URI SAN, spelled exactly spiffe://<td>/operator/NAME
+// (issue 25, finding 9). A common name that looks like an operator's ID, and a URI SAN
+// that a URI parser would read as another path, or as alice's ID with a percent-encoded
+// byte or an empty fragment, are no operator: 403, saying why, and the breaker still holds.
+func TestOperatorIsACanonicalSPIFFEID(t *testing.T) {
+	p := newPKI(t)
+	h, logs := runHub(t, `
+tls: {certFile: `+p.hubCert+`, keyFile: `+p.hubKy+`, caFile: `+p.bundle+`}
+trustDomain: mesh.test
+ingest: 127.0.0.1:0
+serve: 127.0.0.1:0
+http: 127.0.0.1:0
+adminTLS: 127.0.0.1:0
+collections: [istio/networking/v1alpha3/virtualservices]
+clusters: [{name: east, namespaces: [shop], hosts: ["*"]}]
+routing: {default: {name: all}}
+`)
+	release := "https://" + h.AdminTLSAddr() + "/api/clusters/east/breaker/release"
+	tripBreaker(t, h, "east")
+	client := func(cert, key string, _ int64) *http.Client {
+		return tlsClient(t, meshtls.Files{Cert: cert, Key: key, CA: p.bundle})
+	}
+	for _, tc := range []struct {
+		name   string
+		client *http.Client
+		says   string
+	}{
+		{"a common name, no URI SAN", client(p.ca.IssueCN(t, p.dir, "mallory", "spiffe://mesh.test/operator/mallory")), `its common name "spiffe://mesh.test/operator/mallory" looks like a SPIFFE ID`},
+		{"a path through ..", client(p.ca.Issue(t, p.dir, "dots", "spiffe://mesh.test/operator/alice/../../cluster/west")),
+			`identity "spiffe://mesh.test/operator/alice/../../cluster/west" is not an operator (not a SPIFFE ID of this hub: its path "/operator/alice/../../cluster/west" is not /KIND/NAME`},
+		{"a trailing slash", client(p.ca.Issue(t, p.dir, "slash", "spiffe://mesh.test/operator/alice/")), "is not /KIND/NAME"},
+		{"percent-encoding", client(p.ca.IssueRawURI(t, p.dir, "pct", "spiffe://mesh.test/operator/%61lice")), `has "%"`},
+		{"an empty fragment", client(p.ca.IssueRawURI(t, p.dir, "frag", "spiffe://mesh.test/operator/alice#")), `has "#"`},
+		{"the scheme in upper case", client(p.ca.IssueRawURI(t, p.dir, "upper", "SPIFFE://mesh.test/operator/alice")), "does not begin with spiffe://"},
+	} {
+		status, body := call(t, tc.client, http.MethodPost, release, nil)
+		if status != http.StatusForbidden || !strings.Contains(body, tc.says) {
+			t.Errorf("%s: %d %q, want 403 saying %q", tc.name, status, body, tc.says)
+		}
+		if e := logs.find("admin action refused", map[string]string{"status": "403", "reason": strings.TrimSpace(body)}); e == nil {
+			t.Errorf("%s: the refusal is not logged", tc.name)
+		}
+	}
+	if cl := h.Clusters(); cl[0].Breaker == nil || cl[0].Breaker.Held != 12 {
+		t.Fatalf("a refused request changed the breaker: %+v", cl[0].Breaker)
+	}
+}
+
 // devHub is a hub in development mode (insecure) with http on host:0.
 func devHub(t *testing.T, host string) (*Hub, *logBuffer) {
 	t.Helper()

@@ -94,8 +94,11 @@ func (h *Hub) readScope(r *http.Request) (viewer, *actionRefusal) {
 	if err != nil {
 		return viewer{}, &actionRefusal{http.StatusForbidden, fmt.Sprintf("%v: with tenants, the admin API over adminTLS answers operators only (%s)", err, want)}
 	}
-	kind, name, ok := meshtls.ParseID(comp.trustDomain, id)
-	if !ok || kind != meshtls.KindOperator {
+	kind, name, err := meshtls.CheckID(comp.trustDomain, id)
+	if err != nil {
+		return viewer{}, &actionRefusal{http.StatusForbidden, fmt.Sprintf("identity %q is not an operator (not a SPIFFE ID of this hub: %v): with tenants, the admin API over adminTLS answers operators only (%s)", id, err, want)}
+	}
+	if kind != meshtls.KindOperator {
 		return viewer{}, &actionRefusal{http.StatusForbidden, fmt.Sprintf("identity %q is not an operator: with tenants, the admin API over adminTLS answers operators only (%s)", id, want)}
 	}
 	v := viewer{tenant: comp.tenants.OfOperator(name), comp: comp}

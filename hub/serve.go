@@ -237,8 +237,12 @@ func (r router) Watch(info *mcp.StreamInfo, collection string, notify func()) (m
 	cur := r.h.current()
 	sink := cur.comp.streamSink(info)
 	if id := node.GetId(); id != "" && id != sink.NodeID {
-		r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
-			"identity", info.Identity, "node_id", id, "collection", collection)
+		// Once per identity per interval: every istiod of a deployment that shares one
+		// certificate says so, on each collection of each stream (their ids, in /api/sinks).
+		if ok, suppressed := r.h.nodeIDLogs.Allow(info.Identity); ok {
+			r.h.log.Warn("SinkNode id disagrees with the sink's certificate; routing by the certificate",
+				"identity", info.Identity, "node_id", id, "routed_as", sink.NodeID, "suppressed", suppressed)
+		}
 	}
 	rt := cur.comp.route(sink)
 	cache, release := r.h.store.watch(rt)

@@ -56,7 +56,7 @@ func TestVendorOperatorsListed(t *testing.T) {
 	for _, tc := range []struct{ ops, want string }{
 		{"operators: [alice]\n", ""},
 		{"operators: [ann]\n", `operators[0]: operator "ann" is also tenant "acme"'s: the vendor's operators see every tenant`},
-		{"operators: [a/b]\n", `operators[0]: "a/b": an operator's name`},
+		{"operators: [a/b]\n", `operators[0]: "a/b" is not an operator's name`},
 	} {
 		_, err := ParseConfig([]byte(strings.Replace(twoTenants, `sinks: ["acme-*"]`, `sinks: ["acme-*"]`+"\n  operators: [ann]", 1) + tc.ops))
 		switch {

@@ -61,6 +61,11 @@ type ServerConfig struct {
 	// once on this service; one more is refused with ResourceExhausted. Default
 	// DefaultMaxStreamsPerPeer; negative: no cap.
 	MaxStreamsPerPeer int
+	// MaxStreamsPerPeerSetting names where the server's operator sets MaxStreamsPerPeer
+	// (e.g. "limits.maxStreamsPerPeer"), for the refusal's log line and the refused peer's
+	// message: a fleet of peers sharing one identity meets the cap in normal operation, and
+	// whoever reads either must learn what to raise. Empty: no setting is named.
+	MaxStreamsPerPeerSetting string
 	// IdleTimeout is how long a new stream's peer has to send its first message before the
 	// stream is closed (DeadlineExceeded, counted as idle). Every meshfed and Istio peer
 	// speaks at once (a sink subscribes, a source sends a trigger or its first push), and a
@@ -261,10 +266,16 @@ func (a *admission) decide(st grpc.ServerStream, role string) (*admittedStream, 
 		}
 	}
 	if n, ok := a.acquire(key); !ok {
-		a.refused(slog.LevelWarn, rejectTooManyStreams, key, "refusing stream: peer has too many streams open",
-			logPeer, addr, logIdentity, identity, logRole, role, "open", n, "max_per_peer", a.cfg.MaxStreamsPerPeer)
-		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): %d open, at most %d per peer",
-			ErrTooManyStreams, key, n, a.cfg.MaxStreamsPerPeer)
+		attrs := []any{logPeer, addr, logIdentity, identity, logRole, role, "open", n, "max_per_peer", a.cfg.MaxStreamsPerPeer,
+			"metric", `meshfed_mcp_streams_rejected_total{reason="` + rejectTooManyStreams + `"}`}
+		setting := ""
+		if s := a.cfg.MaxStreamsPerPeerSetting; s != "" {
+			attrs = append(attrs, "raise", s)
+			setting = " (" + s + ")"
+		}
+		a.refused(slog.LevelWarn, rejectTooManyStreams, key, "refusing stream: peer has too many streams open", attrs...)
+		return nil, status.Errorf(codes.ResourceExhausted, "%v (%s): %d open, at most %d per peer%s",
+			ErrTooManyStreams, key, n, a.cfg.MaxStreamsPerPeer, setting)
 	}
 	var leave func()
 	if a.cfg.Groups != nil {

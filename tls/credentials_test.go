@@ -155,6 +155,26 @@ func TestPeerIdentity(t *testing.T) {
 	}
 	noCN := leaf("x", "spiffe://mesh.test/sink/x")
 	noCN.URIs, noCN.Subject.CommonName = nil, ""
+	parse := func(cf string) *x509.Certificate {
+		b, err := os.ReadFile(cf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk, _ := pem.Decode(b)
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cn := func(prefix, cn string, names ...string) *x509.Certificate {
+		cf, _, _ := root.IssueCN(t, dir, prefix, cn, names...)
+		return parse(cf)
+	}
+	raw := func(prefix, uri string) *x509.Certificate {
+		cf, _, _ := root.IssueRawURI(t, dir, prefix, uri)
+		return parse(cf)
+	}
 	for _, tc := range []struct {
 		name    string
 		cert    *x509.Certificate
@@ -165,6 +185,17 @@ func TestPeerIdentity(t *testing.T) {
 		{"no URI SAN: the common name", leaf("cn-only", "cn.example.com"), "cn-only", ""},
 		{"two SPIFFE IDs", leaf("two", "spiffe://mesh.test/sink/a", "spiffe://mesh.test/hub/b"), "", "has 2 URI SANs"},
 		{"neither", noCN, "", "neither a URI SAN nor a common name"},
+		// A common name is never a SPIFFE ID (issue 25, finding 9: this one was an operator).
+		{"a common name that looks like a SPIFFE ID", cn("mallory", "spiffe://mesh.test/operator/mallory"), "", "looks like a SPIFFE ID"},
+		{"the same, in upper case", cn("mallory2", " SPIFFE:mesh.test/operator/mallory", "mallory.example.com"), "", "looks like a SPIFFE ID"},
+		{"a URI SAN beside such a common name: the URI SAN", cn("both", "spiffe://mesh.test/operator/mallory", "spiffe://mesh.test/sink/both"), "spiffe://mesh.test/sink/both", ""},
+		{"a common name with a colon", cn("colon", "istiod:primary"), "istiod:primary", ""},
+		// The URI SAN as the CA signed it, not as net/url re-spells it, for CheckID to judge.
+		{"an empty fragment kept", raw("frag", "spiffe://mesh.test/operator/alice#"), "spiffe://mesh.test/operator/alice#", ""},
+		{"an empty query kept", raw("query", "spiffe://mesh.test/operator/alice?"), "spiffe://mesh.test/operator/alice?", ""},
+		{"the scheme's case kept", raw("upper", "SPIFFE://mesh.test/operator/alice"), "SPIFFE://mesh.test/operator/alice", ""},
+		{"percent-encoding kept", raw("pct", "spiffe://mesh.test/operator/%61lice"), "spiffe://mesh.test/operator/%61lice", ""},
+		{"a canonical one", raw("canon", "spiffe://mesh.test/operator/alice"), "spiffe://mesh.test/operator/alice", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := PeerIdentity(tc.cert)

@@ -9,8 +9,9 @@
 // and asks for none (for istiod, which presents none); ServerCredentials makes either gRPC
 // credentials that also report a peer speaking plaintext to a TLS listener. PeerIdentity is
 // the one rule naming a peer by its certificate (a certificate with two URI SANs names no
-// one, and its handshake is refused). ID and ParseID name the mesh's SPIFFE identities
-// (spiffe://<trust-domain>/<kind>/<name>). DevCA is a development certificate authority
+// one, and its handshake is refused; a common name is never a SPIFFE ID). ID formats the
+// mesh's SPIFFE identities (spiffe://<trust-domain>/<kind>/<name>), and ParseID and CheckID
+// accept exactly that spelling, nothing a URI parser would read otherwise. DevCA is a development certificate authority
 // kept in a state directory, used only when a configuration asks for it.
 //
 // Import it as meshtls; it wraps crypto/tls. It does not decide who may do what: that is

@@ -77,6 +77,9 @@ type Object struct {
 type Rejection struct {
 	// Reason is one human sentence saying why.
 	Reason string
+	// Invalid: the object is refused for what it is, not for who published it (a host that
+	// is no host name, or that cannot be resolved), whichever cluster sent it.
+	Invalid bool
 }
 
 func (r *Rejection) Error() string { return r.Reason }
@@ -355,12 +358,12 @@ func (p *Policy) Check(cluster string, o Object) error {
 		b, st := normHost(buf[:0], host, resolveNS, p.suffix)
 		switch st {
 		case hostInvalid:
-			return &Rejection{Reason: fmt.Sprintf("host %q is not a valid host name (cluster %q)", clip(written), cluster)}
+			return &Rejection{Reason: fmt.Sprintf("host %q is not a valid host name (cluster %q)", clip(written), cluster), Invalid: true}
 		case hostTooLong:
-			return &Rejection{Reason: fmt.Sprintf("host %q is longer than %d characters (cluster %q)", clip(written), pattern.MaxName, cluster)}
+			return &Rejection{Reason: fmt.Sprintf("host %q is longer than %d characters (cluster %q)", clip(written), pattern.MaxName, cluster), Invalid: true}
 		case hostUnresolvable:
 			return &Rejection{Reason: fmt.Sprintf("short host name %q cannot be resolved: cluster-scoped %s %q has no namespace",
-				clip(written), clip(o.Collection), clip(o.Name))}
+				clip(written), clip(o.Collection), clip(o.Name)), Invalid: true}
 		}
 		if c.ownsHost(b) {
 			continue

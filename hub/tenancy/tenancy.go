@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/meshfed/meshfed/hub/pattern"
+	meshtls "github.com/meshfed/meshfed/tls"
 )
 
 // Tenant is one tenant's membership and exports.
@@ -198,8 +199,8 @@ func New(field string, tenants []Tenant) (*Set, error) {
 			s.ofCluster[c] = t
 		}
 		for j, op := range spec.Operators {
-			if op == "" || strings.ContainsAny(op, "/*") {
-				return nil, fmt.Errorf("%s.operators[%d]: %q: an operator's name (spiffe://<trustDomain>/operator/NAME), without \"/\" or \"*\"", f, j, op)
+			if err := meshtls.CheckName(op); err != nil {
+				return nil, fmt.Errorf("%s.operators[%d]: %q is not an operator's name (spiffe://<trustDomain>/operator/NAME): %v", f, j, op, err)
 			}
 			if other := s.operators[op]; other != nil {
 				return nil, fmt.Errorf("%s.operators[%d]: operator %q is also tenant %q's", f, j, op, other.spec.Name)

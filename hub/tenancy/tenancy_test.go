@@ -57,13 +57,13 @@ func TestNewRefusals(t *testing.T) {
 		{"cluster twice in one tenant", func(ts []Tenant) []Tenant { ts[0].Clusters = []string{"east", "east"}; return ts },
 			`tenants[0] ("acme").clusters[1]: cluster "east" is listed twice`},
 		{"empty operator", func(ts []Tenant) []Tenant { ts[1].Operators = []string{""}; return ts },
-			`tenants[1] ("globex").operators[0]: "": an operator's name (spiffe://<trustDomain>/operator/NAME), without "/" or "*"`},
+			`tenants[1] ("globex").operators[0]: "" is not an operator's name (spiffe://<trustDomain>/operator/NAME): the name is empty`},
 		{"operator as an identity", func(ts []Tenant) []Tenant {
 			ts[1].Operators = []string{"globex-ops", "spiffe://td/operator/x"}
 			return ts
-		}, `tenants[1] ("globex").operators[1]: "spiffe://td/operator/x": an operator's name (spiffe://<trustDomain>/operator/NAME), without "/" or "*"`},
+		}, `tenants[1] ("globex").operators[1]: "spiffe://td/operator/x" is not an operator's name (spiffe://<trustDomain>/operator/NAME): "spiffe://td/operator/x" has ":": a name is ASCII letters, digits, '.', '-' and '_'`},
 		{"operator pattern", func(ts []Tenant) []Tenant { ts[1].Operators = []string{"ops-*"}; return ts },
-			`tenants[1] ("globex").operators[0]: "ops-*": an operator's name (spiffe://<trustDomain>/operator/NAME), without "/" or "*"`},
+			`tenants[1] ("globex").operators[0]: "ops-*" is not an operator's name (spiffe://<trustDomain>/operator/NAME): "ops-*" has "*": a name is ASCII letters, digits, '.', '-' and '_'`},
 		{"operator in two tenants", func(ts []Tenant) []Tenant { ts[1].Operators = []string{"acme-ops"}; return ts },
 			`tenants[1] ("globex").operators[0]: operator "acme-ops" is also tenant "acme"'s`},
 		{"sinks: the same identity", func(ts []Tenant) []Tenant {

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -79,6 +80,38 @@ func (c *CA) Issue(t TB, dir, prefix string, names ...string) (certFile, keyFile
 // certificates).
 func (c *CA) IssueValid(t TB, dir, prefix string, notBefore, notAfter time.Time, names ...string) (certFile, keyFile string, serialNo int64) {
 	t.Helper()
+	return c.issue(t, dir, prefix, notBefore, notAfter, nil, names...)
+}
+
+// IssueCN is Issue with the subject common name cn rather than prefix: e.g. one that looks
+// like a SPIFFE ID, on a certificate without a URI SAN (names may be none).
+func (c *CA) IssueCN(t TB, dir, prefix, cn string, names ...string) (certFile, keyFile string, serialNo int64) {
+	t.Helper()
+	return c.issue(t, dir, prefix, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour),
+		func(tmpl *x509.Certificate) { tmpl.Subject.CommonName = cn }, names...)
+}
+
+// IssueRawURI is Issue for a certificate whose only SAN is the URI uri, encoded exactly as
+// written: Go's URL type, which Issue goes through, would re-spell some (drop an empty
+// query or fragment, lower-case the scheme).
+func (c *CA) IssueRawURI(t TB, dir, prefix, uri string) (certFile, keyFile string, serialNo int64) {
+	t.Helper()
+	name, err := asn1.Marshal(asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte(uri)}) // uniformResourceIdentifier
+	if err != nil {
+		t.Fatal(err)
+	}
+	san, err := asn1.Marshal(asn1.RawValue{Class: asn1.ClassUniversal, Tag: asn1.TagSequence, IsCompound: true, Bytes: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.issue(t, dir, prefix, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), func(tmpl *x509.Certificate) {
+		tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Value: san})
+	})
+}
+
+// issue writes a leaf for names, its template changed by edit (if not nil) before signing.
+func (c *CA) issue(t TB, dir, prefix string, notBefore, notAfter time.Time, edit func(*x509.Certificate), names ...string) (certFile, keyFile string, serialNo int64) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +128,9 @@ func (c *CA) IssueValid(t TB, dir, prefix string, notBefore, notAfter time.Time,
 		} else {
 			tmpl.DNSNames = append(tmpl.DNSNames, n)
 		}
+	}
+	if edit != nil {
+		edit(tmpl)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.Cert, &key.PublicKey, c.Key)
 	if err != nil {

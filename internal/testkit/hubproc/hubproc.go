@@ -80,7 +80,7 @@ func StartWith(t TB, cfg *hub.Config, dir string, log io.Writer, o Options) *Hub
 
 // File is cfg as a configuration file. A file is read over hub.Defaults(), and
 // hub.Config's encoding leaves out a limit or quota of 0, so a cap cfg turns off (0: none)
-// would come back as the default (64 streams per peer, 64 connections in handshake per
+// would come back as the default (1,024 streams per peer, 64 connections in handshake per
 // address, 20 pushes/s): those are written out.
 // The file is read back and its limits and quotas checked against cfg's.
 func File(t TB, cfg *hub.Config) []byte {
