@@ -153,11 +153,14 @@ func (h *Hub) resolicit() {
 // waits for keepalive to close the dead stream (about 40 s).
 const takeoverWindow = 10 * time.Minute
 
-// competingLocked says why s may not take over its cluster now ("" if it may): the writer's
-// stream is open and took over less than takeoverWindow ago. The caller holds cs.mu.
-func (h *Hub) competingLocked(cs *clusterState, s *Session) string {
+// competingLocked says why s (a stream from peer) may not take over its cluster now (""
+// if it may): the writer's stream is open, on another connection, and took over less than
+// takeoverWindow ago. Streams of one connection are one process's (Istio's source opens a
+// stream per collection it probes on its one connection, each taking over at its first
+// push). The caller holds cs.mu.
+func (h *Hub) competingLocked(cs *clusterState, s *Session, peer string) string {
 	w := cs.writer
-	if w == nil || w == s || w.info == nil || cs.lastTakeover.IsZero() || h.now().Sub(cs.lastTakeover) >= takeoverWindow {
+	if w == nil || w == s || w.info == nil || w.info.Peer == peer || cs.lastTakeover.IsZero() || h.now().Sub(cs.lastTakeover) >= takeoverWindow {
 		return ""
 	}
 	return fmt.Sprintf("cluster %q is written by another live stream (from %s, identity %s), which took over %s ago: two minions with one identity? The hub keeps one writer and refuses the other until that stream ends",
@@ -365,7 +368,7 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 	// A stream the hub dials (poll) declares the hub's versions with its first request,
 	// before the peer's header says whether it resumes: it takes over here too.
 	takesOver := s.own && (info.PeerResumes() || info.Transport == "client")
-	if why := h.competingLocked(cs, s); takesOver && why != "" {
+	if why := h.competingLocked(cs, s, info.Peer); takesOver && why != "" {
 		_ = h.refuseCompetingLocked(cs, info.Peer, info.Identity, why) // admission refused most; this one raced it
 		cs.mu.Unlock()
 		info.Close()

@@ -84,6 +84,7 @@ type Hub struct {
 
 	started   time.Time    // set by Run before any stream
 	rounds    atomic.Int64 // of Housekeep
+	warmFrom  atomic.Int64 // when the warm-up started counting (UnixNano; 0: Run has not started housekeeping)
 	overQuota atomic.Int64 // clusters refused objects for a store bound (resolicit)
 	unknown   atomic.Int64 // clusters whose last state is unknown (unknown.go)
 
@@ -430,6 +431,7 @@ func (h *Hub) stop(g *errgroup.Group) error {
 func (h *Hub) housekeeping(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	h.warmFrom.Store(h.now().UnixNano()) // the warm-up counts once everything has started (the layer too)
 	h.checkReady()
 	for {
 		select {
@@ -447,7 +449,7 @@ func (h *Hub) housekeeping(ctx context.Context) {
 // and every tenth round refreshes the connected clusters' last contact in the state file.
 // Every decision reads the hub's clock (Options.Clock).
 func (h *Hub) Housekeep() {
-	if h.now().Sub(h.started) >= h.cfg.WarmUp.Duration && !h.Ready() {
+	if from := h.warmFrom.Load(); from != 0 && h.now().Sub(time.Unix(0, from)) >= h.cfg.WarmUp.Duration && !h.Ready() {
 		if p := h.pendingClusters(); len(p) > 0 {
 			h.log.Warn("warm-up timed out; serving without clusters that have not synced", "pending", p)
 		}

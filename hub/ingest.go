@@ -97,7 +97,7 @@ func (h *Hub) newMinionSink(_ context.Context, info *mcp.StreamInfo) (*mcp.Sink,
 		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not a configured cluster", info.Identity)
 	}
 	cs.mu.Lock()
-	if why := h.competingLocked(cs, nil); why != "" {
+	if why := h.competingLocked(cs, nil, info.Peer); why != "" {
 		err := h.refuseCompetingLocked(cs, info.Peer, info.Identity, why)
 		cs.mu.Unlock()
 		return nil, err
@@ -189,7 +189,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		superseded := s.superseded
 		closeOld := func() {}
 		if !superseded && cs.writer != s && s.info != nil {
-			if why := h.competingLocked(cs, s); why != "" {
+			if why := h.competingLocked(cs, s, s.info.Peer); why != "" {
 				err := h.refuseCompetingLocked(cs, s.info.Peer, s.info.Identity, why)
 				cs.mu.Unlock()
 				return err
