@@ -20,6 +20,9 @@ import (
 type stateCollector struct {
 	h                                      *Hub
 	clusterSynced, fleetSinks, fleetBehind *prometheus.Desc
+	// The state file's health (persist on): failing to write, its failed commits, what is
+	// queued.
+	fileFailing, fileFailures, fileQueued *prometheus.Desc
 }
 
 func newStateCollector(h *Hub) *stateCollector {
@@ -34,6 +37,15 @@ func newStateCollector(h *Hub) *stateCollector {
 		fleetBehind: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "fleet_oldest_unacked_seconds"),
 			"How long the fleet's oldest unanswered push has waited for its ACK or NACK, in seconds (0: every push answered).",
 			[]string{"tenant", "fleet"}, nil),
+		fileFailing: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "state_file_failing"),
+			"1 while the state file does not keep what the hub serves: its writes fail (a full disk, I/O errors), it is read-only, or it could not be opened; a restart would then serve an older state. 0 while it keeps up.",
+			nil, nil),
+		fileFailures: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "state_file_write_failures_total"),
+			"Failed commits of the state file, retries included.",
+			nil, nil),
+		fileQueued: prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "state_file_queued"),
+			"Writes of the state file not on disk yet (one per resource, cluster metadata or drop, coalesced).",
+			nil, nil),
 	}
 }
 
@@ -42,6 +54,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.clusterSynced
 	ch <- c.fleetSinks
 	ch <- c.fleetBehind
+	ch <- c.fileFailing
+	ch <- c.fileFailures
+	ch <- c.fileQueued
 }
 
 // Collect implements prometheus.Collector.
@@ -53,6 +68,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if !removed {
 			ch <- prometheus.MustNewConstMetric(c.clusterSynced, prometheus.GaugeValue, boolValue(synced), cs.name)
 		}
+	}
+	if c.h.cfg.Persist {
+		failing, failures, queued := c.h.stateFileHealth()
+		ch <- prometheus.MustNewConstMetric(c.fileFailing, prometheus.GaugeValue, boolValue(failing))
+		ch <- prometheus.MustNewConstMetric(c.fileFailures, prometheus.CounterValue, float64(failures))
+		ch <- prometheus.MustNewConstMetric(c.fileQueued, prometheus.GaugeValue, float64(queued))
 	}
 	now := c.h.sinks.now() // the clock the sinks' states are judged by
 	for _, f := range c.h.fleets(vendor(c.h.current().comp)) {

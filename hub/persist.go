@@ -347,3 +347,14 @@ func (h *Hub) StateStatus() api.State {
 	}
 	return out
 }
+
+// stateFileHealth is what the state file's metrics say: whether it fails to keep what the
+// hub serves (writes failing, or not open at all), its failed commits, and what is queued.
+func (h *Hub) stateFileHealth() (failing bool, failures uint64, queued int) {
+	st := h.state.Load()
+	if st == nil {
+		return h.stateErr.Load() != nil, 0, 0 // could not be opened: nothing is kept
+	}
+	s := st.Stats()
+	return s.Failing, s.Failures, s.Queued
+}

@@ -2,9 +2,12 @@ package hub
 
 import (
 	"bytes"
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,4 +178,33 @@ func TestSecondHubOnOneStateDirRefused(t *testing.T) {
 	if err := h.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "another hub uses") {
 		t.Errorf("second hub: %v", err)
 	}
+}
+
+// A state file whose writes fail (a full disk) is seen in the metrics, not only in one log
+// line (issue 25, finding 4): meshfed_hub_state_file_failing is 1 and the failed commits
+// are counted while they fail, and back to 0 once the disk has room.
+func TestStateFileWriteFailuresAreMetrics(t *testing.T) {
+	var full atomic.Bool
+	h := testHub(t, persistHub)
+	h.cfg.StateDir = t.TempDir()
+	h.stateFaults = &durable.Faults{BeforeCommit: func() error {
+		if full.Load() {
+			return syscall.ENOSPC
+		}
+		return nil
+	}}
+	testrun.Start(t, "hub Run", h.Run)
+	testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := h.Addrs(); return s != "" })
+	gauge := func() float64 { return promtest.Sum(t, h.Registry(), "meshfed_hub_state_file_failing", nil) }
+	if gauge() != 0 {
+		t.Fatal("failing before any failure")
+	}
+	full.Store(true)
+	mustApply(t, h, "east", push(t, vsColl, "shop/a"))
+	testwait.For(t, 10*time.Second, "the failure in the metrics", func() bool {
+		return gauge() == 1 && promtest.Sum(t, h.Registry(), "meshfed_hub_state_file_write_failures_total", nil) >= 1 &&
+			promtest.Sum(t, h.Registry(), "meshfed_hub_state_file_queued", nil) >= 1
+	})
+	full.Store(false)
+	testwait.For(t, 10*time.Second, "recovered", func() bool { return gauge() == 0 })
 }
