@@ -174,7 +174,7 @@ func count(c *api.StateCounts, state string) {
 // summarize counts the maps of st, and adds the cluster's quota bound on its objects.
 func (h *Hub) summarize(v viewer, st api.ClusterStatus) api.ClusterSummary {
 	s := api.ClusterSummary{Name: st.Name, Tenant: st.Tenant, Connected: st.Connected, Streams: st.Streams, Synced: st.Synced, Restored: st.Restored,
-		LastContact: st.LastContact, RefusedCollections: len(st.RefusedCollections), HeldBy: st.HeldBy, MaxObjects: v.comp.quotaFor(st.Name).q.MaxObjects}
+		Departed: st.Departed, Unknown: st.Unknown, LastContact: st.LastContact, RefusedCollections: len(st.RefusedCollections), HeldBy: st.HeldBy, MaxObjects: v.comp.quotaFor(st.Name).q.MaxObjects}
 	for _, n := range st.Resources {
 		s.Objects += n
 	}
@@ -185,7 +185,7 @@ func (h *Hub) summarize(v viewer, st api.ClusterStatus) api.ClusterSummary {
 		s.Conflicts += len(m)
 	}
 	if b := st.Breaker; b != nil {
-		s.Breaker = &api.BreakerSummary{Open: b.Open, Since: b.Since, Reason: b.Reason, Held: b.Held}
+		s.Breaker = &api.BreakerSummary{Open: b.Open, Since: b.Since, Reason: b.Reason, Held: b.Held, Digest: b.Digest}
 	}
 	return s
 }

@@ -33,6 +33,10 @@ type ClusterSummary struct {
 	Streams     int        `json:"streams"`
 	Synced      bool       `json:"synced"`
 	Restored    bool       `json:"restored,omitempty"`
+	// Departed and Unknown are ClusterStatus's: it left the configuration (kept until an
+	// operator confirms), or the hub does not know its last state (why).
+	Departed    *time.Time `json:"departed,omitempty"`
+	Unknown     string     `json:"unknown,omitempty"`
 	LastContact *time.Time `json:"lastContact,omitempty"`
 	// Objects is how many objects the hub holds of it, all collections together;
 	// MaxObjects its quota's bound on them (0: none).
@@ -49,12 +53,14 @@ type ClusterSummary struct {
 	HeldBy  *Holder         `json:"heldBy,omitempty"`
 }
 
-// BreakerSummary is Breaker without the names it holds.
+// BreakerSummary is Breaker without the names it holds (Digest names them: a release
+// from the dashboard applies what was shown).
 type BreakerSummary struct {
 	Open   bool       `json:"open"`
 	Since  *time.Time `json:"since,omitempty"`
 	Reason string     `json:"reason,omitempty"`
 	Held   int        `json:"held"`
+	Digest string     `json:"digest"`
 }
 
 // Fleet is the sinks of one tenant that the same routing rules select: they receive the

@@ -237,7 +237,7 @@ const views = {
 };
 
 function problem(c) {
-  return !c.connected || !c.synced || c.refusals > 0 || c.conflicts > 0 || c.breaker || c.refusedCollections > 0;
+  return !c.connected || !c.synced || c.refusals > 0 || c.conflicts > 0 || c.breaker || c.refusedCollections > 0 || c.departed || c.unknown;
 }
 
 function renderClusters(params) {
@@ -253,7 +253,9 @@ function renderClusters(params) {
     el('td', {}, c.name),
     el('td', {}, c.tenant),
     el('td', { 'data-col': 'connected' }, c.connected ? badge(`connected${c.streams > 1 ? ` (${c.streams} streams)` : ''}`, 'ok') :
-      badge(c.restored ? 'disconnected, restored from the state file' : 'disconnected', 'bad')),
+      badge(c.departed ? 'removed from the configuration, kept until an operator confirms' :
+        c.unknown ? `last state unknown: ${c.unknown}` :
+          c.restored ? 'disconnected, restored from the state file' : 'disconnected', 'bad')),
     el('td', { 'data-col': 'synced' }, c.synced ? badge('synced', 'ok') : badge('not synced', 'warn')),
     el('td', { title: fmtTime(c.lastContact) }, c.connected ? 'now' : age(c.lastContact)),
     el('td', { 'data-col': 'objects', class: 'num' }, c.maxObjects ? `${c.objects} / ${c.maxObjects}` : String(c.objects)),
@@ -274,7 +276,7 @@ function breakerCell(c) {
   const what = b.open ? badge(`open: holds ${b.held} deletions`, 'bad') : badge(`holding ${b.held} deletions`, 'warn');
   const out = [what, el('div', { class: 'muted' }, [b.reason, b.since ? `since ${fmtTime(b.since)}` : ''].filter(Boolean).join(', '))];
   // Actions are offered only to a viewer the hub would let act (whoami).
-  if (state.who && state.who.canAct && b.held > 0) out.push(releaseButton(c.name, b.held, b.digest));
+  if (state.who && state.who.canAct && (b.held > 0 || b.open)) out.push(releaseButton(c.name, b.held, b.digest));
   return out;
 }
 
