@@ -251,7 +251,7 @@ func goodFile(t *testing.T, resources int) string {
 }
 
 // edit changes a state file with bbolt itself, as something other than this package.
-func edit(t *testing.T, path string, f func(tx *bolt.Tx) error) {
+func edit(t testing.TB, path string, f func(tx *bolt.Tx) error) {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
@@ -452,7 +452,7 @@ func overwritePage(t *testing.T, path string, page, size int64) {
 	writeFile(t, path, b)
 }
 
-func writeFile(t *testing.T, path string, b []byte) {
+func writeFile(t testing.TB, path string, b []byte) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		t.Fatal(err)
