@@ -2,7 +2,6 @@ package durable
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -143,7 +142,7 @@ func FuzzDecodeRecord(f *testing.F) {
 // mutations of a good file — returns an error, a Reset or a State, and never panics, faults
 // or hangs; the Store it returns then takes a write and closes (the repair runs).
 func FuzzOpenState(f *testing.F) {
-	good := goodFileBytes(f)
+	good := smallFile(f)
 	f.Add(good)
 	f.Add([]byte{})
 	f.Add([]byte("hello"))
@@ -171,30 +170,6 @@ func FuzzOpenState(f *testing.F) {
 		s.Put("east", vs, "ns/after", entryBytes("ns/after"))
 		_ = s.Close()
 	})
-}
-
-// goodFileBytes is a small state file of two clusters.
-func goodFileBytes(f *testing.F) []byte {
-	path := filepath.Join(f.TempDir(), "seed", "clusters.db")
-	s, err := open(path, nil, testConfig())
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, c := range []string{"east", "west"} {
-		for i := range 4 {
-			n := fmt.Sprintf("ns/r%d", i)
-			s.Put(c, vs, n, entryBytes(n))
-		}
-		s.SetMeta(c, Meta{Synced: true, Epoch: 1})
-	}
-	if err := s.Close(); err != nil {
-		f.Fatal(err)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		f.Fatal(err)
-	}
-	return b
 }
 
 func entryBytes(name string) []byte {

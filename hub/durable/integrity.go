@@ -338,7 +338,7 @@ func stillThere(parent *bolt.Bucket, key []byte) bool {
 // trimQuarantine deletes the oldest quarantine entries beyond maxQuarantine. Deleting one
 // walks its pages to free them, and what is quarantined is damaged: it runs in its own
 // transaction, under the guard, after the repair, and a failure only leaves the entry.
-func trimQuarantine(tx *bolt.Tx) (int, error) {
+func trimQuarantine(tx *bolt.Tx, bad map[uint64]string) (int, error) {
 	fb := tx.Bucket(formatBucket)
 	if fb == nil {
 		return 0, nil
@@ -353,10 +353,32 @@ func trimQuarantine(tx *bolt.Tx) (int, error) {
 	}
 	n := 0
 	for i := 0; i+maxQuarantine < len(keys); i++ {
+		if holdsBad(qb.Bucket(keys[i]), bad) {
+			continue // deleting it would walk a damaged tree: kept for good
+		}
 		if err := qb.DeleteBucket(keys[i]); err != nil {
 			return n, err
 		}
 		n++
 	}
 	return n, nil
+}
+
+// holdsBad reports whether b, or a bucket in it, is one of the damaged trees: only the
+// good trees above them are read (a bucket's root is in its parent's element).
+func holdsBad(b *bolt.Bucket, bad map[uint64]string) bool {
+	if b == nil || len(bad) == 0 {
+		return false
+	}
+	if r := uint64(b.Root()); r != 0 && bad[r] != "" {
+		return true
+	}
+	found := false
+	_ = b.ForEachBucket(func(k []byte) error {
+		if holdsBad(b.Bucket(k), bad) {
+			found = true
+		}
+		return nil
+	})
+	return found
 }

@@ -625,3 +625,204 @@ func TestUpgradeComputesDigests(t *testing.T) {
 		t.Errorf("after the migration: %+v", st2)
 	}
 }
+
+// TestMutatedFiles: a good file mutated the ways a fuzzer does (bits, runs of random bytes,
+// bytes inserted or deleted, shifting every page after them) must open with an error, a
+// Reset or a State within seconds, take a write and close: never panic, fault, or loop
+// (bbolt loops forever on a page loop; walkTree keeps it out of one).
+func TestMutatedFiles(t *testing.T) {
+	runs := 400
+	if testing.Short() {
+		runs = 100
+	}
+	good := smallFile(t)
+	r := rand.New(rand.NewPCG(7, 7))
+	dir := t.TempDir()
+	for run := range runs {
+		b := bytes.Clone(good)
+		switch run % 5 {
+		case 0:
+			for range 1 + r.IntN(8) {
+				b[r.IntN(len(b))] ^= byte(1 << r.IntN(8))
+			}
+		case 1:
+			for range 1 + r.IntN(4) {
+				i := r.IntN(len(b) - 8)
+				for j := range 8 {
+					b[i+j] = byte(r.Uint32())
+				}
+			}
+		case 2:
+			b[r.IntN(len(b))] = byte(r.Uint32())
+		case 3:
+			i := r.IntN(len(b))
+			ins := make([]byte, 1+r.IntN(64))
+			for j := range ins {
+				ins[j] = byte(r.Uint32())
+			}
+			b = append(b[:i:i], append(ins, b[i:]...)...)
+		case 4:
+			i := r.IntN(len(b))
+			b = append(b[:i:i], b[i+min(len(b)-i, 1+r.IntN(64)):]...)
+		}
+		path := filepath.Join(dir, fmt.Sprint(run), "clusters.db")
+		writeFile(t, path, b)
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				_ = os.WriteFile(filepath.Join(os.TempDir(), "meshfed-durable-hang.db"), b, 0o600)
+				panic(fmt.Sprintf("run %d: OpenState, a write and Close took over 20 s (the file: %s)", run, filepath.Join(os.TempDir(), "meshfed-durable-hang.db")))
+			}
+		}()
+		s, st, err := openState(path, nil, testConfig())
+		if err == nil {
+			if st == nil {
+				t.Fatalf("run %d: no error and no state", run)
+			}
+			s.Put("east", vs, "ns/after", entryBytes("ns/after"))
+			_ = s.Close()
+		}
+		close(done)
+	}
+}
+
+// smallFile is a state file of two clusters of four resources.
+func smallFile(t testing.TB) []byte {
+	t.Helper()
+	path := statePath(t)
+	s := openT(t, path, nil, testConfig())
+	for _, c := range []string{"east", "west"} {
+		for i := range 4 {
+			n := fmt.Sprintf("ns/r%d", i)
+			s.Put(c, vs, n, entryBytes(n))
+		}
+		s.SetMeta(c, Meta{Synced: true, Epoch: 1})
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// pageOfBucket returns the root page of bucket path (clusters/cluster/collection...) and
+// the page size.
+func pageOfBucket(t testing.TB, path string, names ...string) (root uint64, ps int) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_ = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(names[0]))
+		for _, n := range names[1:] {
+			b = b.Bucket([]byte(n))
+		}
+		root = uint64(b.Root())
+		return nil
+	})
+	return root, db.Info().PageSize
+}
+
+// TestPageLoop: a branch page of one collection made to point at itself (one page id
+// changed). bbolt would loop forever reading it; the collection is reported unreadable, the
+// other clusters are whole, and the repair moves the loop into the quarantine unread.
+func TestPageLoop(t *testing.T) {
+	path := fleetFile(t)
+	s0 := openT(t, path, nil, testConfig())
+	want := load(t, s0)
+	_ = s0.Close()
+	root, ps := pageOfBucket(t, path, "clusters", "west", vs)
+	b, _ := os.ReadFile(path)
+	p := b[int(root)*ps:]
+	if ne.Uint16(p[8:]) != branchPageFlag {
+		t.Fatalf("west's %s root page %d is not a branch page: the test needs a larger collection", vs, root)
+	}
+	ne.PutUint64(p[pageHeaderSize+8:], root) // its first child: itself
+	writeFile(t, path, b)
+
+	s, st := openStateT(t, path, testConfig())
+	if st.Reset != nil || len(st.Damaged) != 1 || !strings.Contains(st.Damaged["west"], "linked twice") {
+		t.Fatalf("reset %v, damaged %v; want west's collection reported as a loop", st.Reset, st.Damaged)
+	}
+	for _, c := range []string{"east", "north"} {
+		if !clusterEqual(st.Clusters[c], want[c]) {
+			t.Errorf("%s is not as written", c)
+		}
+	}
+	s.Put("west", vs, "ns/new", entry(t, "ns/new", "1", 10).Encoded) // after the repair, in the same commit
+	s.DropCluster("north")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, st2 := openStateT(t, path, testConfig())
+	if len(st2.Damaged) != 1 || !strings.HasPrefix(st2.Damaged["west"], "marked: ") || st2.Clusters["west"].Collections[vs]["ns/new"] == nil {
+		t.Errorf("after the repair: damaged %v; west %v", st2.Damaged, st2.Clusters["west"])
+	}
+	if _, ok := st2.Clusters["north"]; ok {
+		t.Errorf("north was dropped, and is still there")
+	}
+}
+
+// TestFreelistNamesALivePage: the freelist (not checksummed) made to name a page a tree
+// links: bbolt would hand it out and overwrite what it holds. The file is rebuilt from what
+// it holds, nothing lost, the old one kept aside.
+func TestFreelistNamesALivePage(t *testing.T) {
+	path := fleetFile(t)
+	s0 := openT(t, path, nil, testConfig())
+	want := load(t, s0)
+	_ = s0.Close()
+	live, ps := pageOfBucket(t, path, "clusters", "east", dr)
+	f, _ := os.Open(path)
+	fi, _ := f.Stat()
+	m, _ := bestMeta(f, fi.Size())
+	f.Close()
+	b, _ := os.ReadFile(path)
+	fl := b[int(m.freelist)*ps:]
+	n := ne.Uint16(fl[10:])
+	if n == 0xFFFF {
+		t.Fatal("a freelist of more than 64k pages: not this test's file")
+	}
+	ne.PutUint64(fl[pageHeaderSize+int(n)*8:], live) // one more free page: a live one
+	ne.PutUint16(fl[10:], n+1)
+	writeFile(t, path, b)
+
+	log, logs := newLogs(t)
+	s, st, err := openState(path, log, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st.Reset != nil || len(st.Damaged) != 0 {
+		t.Fatalf("reset %v, damaged %v; want the file rebuilt, nothing lost", st.Reset, st.Damaged)
+	}
+	for _, c := range fleetClusters {
+		if !clusterEqual(st.Clusters[c], want[c]) {
+			t.Errorf("%s is not as written", c)
+		}
+	}
+	if logs.count("rebuilt") != 1 {
+		t.Errorf("the rebuild is not logged")
+	}
+	if m, _ := filepath.Glob(path + ".corrupt-*"); len(m) != 1 {
+		t.Errorf("the old file is not kept: %v", m)
+	}
+	s.Put("east", dr, "ns/new", entry(t, "ns/new", "1", 10).Encoded)
+	flush(t, s)
+	res, _ := flat(reload(t, s))
+	if len(res) != 151 {
+		t.Errorf("%d resources after a write, want 151", len(res))
+	}
+	f, _ = os.Open(path)
+	fi, _ = f.Stat()
+	if _, err := walkTree(f, fi.Size()); err != nil {
+		t.Errorf("the rebuilt file: %v", err)
+	}
+	f.Close()
+}

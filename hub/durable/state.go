@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -102,6 +103,11 @@ func openState(path string, log *slog.Logger, cfg config) (*Store, *State, error
 		} else {
 			st.Clusters, st.Damaged, st.Migrated = r.clusters, r.damaged(), !r.valid
 			s.repair = r.plan(s.readOnly)
+			if s.salvage != nil && !probeReadOnly(path, cfg) {
+				if s, err = s.rebuild(r); err != nil {
+					return nil, nil, err
+				}
+			}
 		}
 	}
 	if st.Clusters == nil {
@@ -158,6 +164,83 @@ func resetFile(path string, log *slog.Logger, cfg config, ce *CorruptError, st *
 	return newStore(path, log, cfg, false)
 }
 
+// rebuild replaces a file that is readable but must not be written (s.salvage: its
+// freelist names pages in use) with a new one holding what the scan read, its damage marks
+// and its findings as marks: written whole beside it, then the old file moved aside (kept as
+// evidence) and the new one linked into its place. A crash between the two leaves no file
+// at the path and a run marker saying it was in use, which the next start reports as a
+// Reset: never a silently empty file. Nothing the scan read is lost, so this is not a Reset.
+func (s *Store) rebuild(r *scanResult) (*Store, error) {
+	why := s.salvage
+	tmp, err := s.writeTemp(func(tx *bolt.Tx) error { return r.writeAll(tx, time.Now()) })
+	if err != nil {
+		return nil, fmt.Errorf("%w; rebuilding it failed: %v", why, err)
+	}
+	defer func() { _ = os.Remove(tmp) }()
+	_ = s.closeDB()
+	moved := s.path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := os.Rename(s.path, moved); err != nil {
+		return nil, fmt.Errorf("%w; moving it aside to rebuild it failed: %v", why, err)
+	}
+	if err := os.Link(tmp, s.path); err != nil {
+		return nil, fmt.Errorf("%w; moved aside to %s, and linking the rebuilt file failed: %v", why, moved, err)
+	}
+	syncDir(filepath.Dir(s.path))
+	s.log.Warn("state file: readable but not writable as it was; rebuilt from what it holds (nothing read was lost), the old file kept",
+		"err", why, "moved_to", moved)
+	ns, err := newStore(s.path, s.log, s.cfg, true)
+	if err != nil {
+		return nil, err
+	}
+	return ns, nil
+}
+
+// writeAll writes everything the scan read into a new file's tx: the clusters (but records
+// under an unknown name), their metadata, the damage marks, and the findings as marks.
+func (r *scanResult) writeAll(tx *bolt.Tx, now time.Time) error {
+	cb, mb := tx.Bucket(clustersBucket), tx.Bucket(metaBucket)
+	for _, c := range slices.Sorted(maps.Keys(r.clusters)) {
+		if r.unknown[c] {
+			continue
+		}
+		colls := map[string]map[string][]byte{}
+		for coll, held := range r.clusters[c].Collections {
+			m := make(map[string][]byte, len(held))
+			for n, e := range held {
+				m[n] = e.Encoded
+			}
+			colls[coll] = m
+		}
+		if err := writeCluster(cb, c, colls); err != nil {
+			return err
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(r.metaRaw)) {
+		if err := mb.Put([]byte(c), r.metaRaw[c]); err != nil {
+			return err
+		}
+	}
+	_, _, damaged, err := integrityBuckets(tx)
+	if err != nil {
+		return err
+	}
+	for _, c := range slices.Sorted(maps.Keys(r.marksRaw)) {
+		if err := damaged.Put([]byte(c), r.marksRaw[c]); err != nil {
+			return err
+		}
+	}
+	for _, c := range r.order {
+		var why []string
+		for _, f := range r.findings[c] {
+			why = append(why, f.detail())
+		}
+		if err := addMark(damaged, c, why, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // probeReadOnly reports whether path cannot be written (or created) for the reasons a
 // read-only file system or permissions give.
 func probeReadOnly(path string, cfg config) bool {
@@ -204,7 +287,19 @@ type scanResult struct {
 	// bucket cannot be read (moved aside, recomputed); marksLost, the marks cannot be read.
 	rewriteAll, metaRewrite, digestsLost, marksLost bool
 	unknown                                         map[string]bool // records under a name the file knows nothing of
-	metaRaw                                         map[string][]byte
+	metaRaw, marksRaw                               map[string][]byte
+	// maxValue: no value can be longer than the file (a damaged element's size can say
+	// anything up to 4 GiB, and copying or printing it would take the process down).
+	maxValue int
+}
+
+// impossible reports a key or value of a size no record can have (a damaged page's
+// element header), which must not be copied or printed.
+func (r *scanResult) impossible(k, v []byte) error {
+	if len(k) == 0 || len(k) > bolt.MaxKeySize || len(v) > r.maxValue {
+		return fmt.Errorf("an entry of impossible size (key %d bytes, value %d bytes): a damaged page", len(k), len(v))
+	}
+	return nil
 }
 
 func (r *scanResult) find(ce *CorruptError) {
@@ -290,7 +385,8 @@ func (e *CorruptError) detail() string {
 // that part is unreadable, the rest is not.
 func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 	r := &scanResult{path: s.path, clusters: map[string]*Cluster{}, findings: map[string][]*CorruptError{},
-		seen: map[string]bool{}, marks: map[string]string{}, unknown: map[string]bool{}, metaRaw: map[string][]byte{}}
+		seen: map[string]bool{}, marks: map[string]string{}, unknown: map[string]bool{}, metaRaw: map[string][]byte{}, marksRaw: map[string][]byte{},
+		maxValue: int(tx.Size())}
 	cb, mb, fb := tx.Bucket(clustersBucket), tx.Bucket(metaBucket), tx.Bucket(formatBucket)
 	if cb == nil || mb == nil || fb == nil {
 		return nil, &CorruptError{Path: s.path, Err: errors.New("the clusters, meta or format bucket is missing")}
@@ -298,12 +394,22 @@ func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 	r.valid, _ = digestsValid(tx)
 	stored := map[string]digest{}
 	if r.valid {
-		if err := s.guard(func() error { return readDigests(fb, stored) }); err != nil {
+		if err := s.guard(func() error {
+			if err := s.damagedTree(fb.Bucket(digestsBucket)); err != nil {
+				return err
+			}
+			return readDigests(r, fb, stored)
+		}); err != nil {
 			s.log.Error("state file: the integrity digests cannot be read: not checked on this open, recomputed by the first commit", "err", err)
 			r.valid, r.digestsLost = false, true
 		}
 	}
-	if err := s.guard(func() error { return readMarks(fb, r.marks) }); err != nil {
+	if err := s.guard(func() error {
+		if err := s.damagedTree(fb.Bucket(damagedBucket)); err != nil {
+			return err
+		}
+		return readMarks(r, fb)
+	}); err != nil {
 		r.marksLost = true
 		s.log.Error("state file: the damage marks cannot be read: every cluster is taken as damaged", "err", err)
 	}
@@ -311,6 +417,11 @@ func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 	computed := map[string]digest{}
 	var prev []byte
 	err := cb.ForEach(func(ck, v []byte) error {
+		if err := r.impossible(ck, v); err != nil {
+			r.rewriteAll = true
+			r.find(&CorruptError{Cluster: fmt.Sprintf("(a damaged cluster key of %d bytes)", len(ck)), Err: err})
+			return nil
+		}
 		cluster := string(ck)
 		if prev != nil && bytes.Compare(ck, prev) <= 0 {
 			r.rewriteAll = true
@@ -328,6 +439,10 @@ func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 			r.find(&CorruptError{Cluster: cluster, Err: errors.New("its bucket cannot be looked up by its name (a damaged key)")})
 			return nil
 		}
+		if err := s.damagedTree(kb); err != nil {
+			r.find(&CorruptError{Cluster: cluster, Err: fmt.Errorf("unreadable: %v", err)})
+			return nil
+		}
 		if err := s.guard(func() error { return s.scanCluster(r, cluster, kb, c, computed) }); err != nil {
 			r.find(&CorruptError{Cluster: cluster, Err: fmt.Errorf("unreadable: %v", unwrapCorrupt(err))})
 		}
@@ -336,7 +451,12 @@ func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.guard(func() error { return scanMeta(r, mb, computed) }); err != nil {
+	if err := s.guard(func() error {
+		if err := s.damagedTree(mb); err != nil {
+			return err
+		}
+		return scanMeta(r, mb, computed)
+	}); err != nil {
 		r.metaRewrite = true
 		for c := range r.clusters {
 			r.find(&CorruptError{Cluster: c, Err: fmt.Errorf("metadata unreadable: %v", unwrapCorrupt(err))})
@@ -353,6 +473,18 @@ func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 	return r, nil
 }
 
+// damagedTree says whether b's tree is one walkTree found damaged: bbolt must not be let
+// into it (it can loop forever on a page loop).
+func (s *Store) damagedTree(b *bolt.Bucket) error {
+	if b == nil {
+		return nil
+	}
+	if r := uint64(b.Root()); r != 0 && s.badRoots[r] != "" {
+		return fmt.Errorf("its tree is damaged: %s", s.badRoots[r])
+	}
+	return nil
+}
+
 func unwrapCorrupt(err error) error {
 	var ce *CorruptError
 	if errors.As(err, &ce) {
@@ -364,6 +496,10 @@ func unwrapCorrupt(err error) error {
 func (s *Store) scanCluster(r *scanResult, cluster string, kb *bolt.Bucket, c *Cluster, computed map[string]digest) error {
 	var prev []byte
 	return kb.ForEach(func(colk, v []byte) error {
+		if err := r.impossible(colk, v); err != nil {
+			r.find(&CorruptError{Cluster: cluster, Collection: fmt.Sprintf("(a damaged key of %d bytes)", len(colk)), Err: err})
+			return nil
+		}
 		coll := string(colk)
 		if prev != nil && bytes.Compare(colk, prev) <= 0 {
 			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: errors.New("its name is out of order in the cluster's bucket (a damaged key)")})
@@ -383,6 +519,10 @@ func (s *Store) scanCluster(r *scanResult, cluster string, kb *bolt.Bucket, c *C
 			held = map[string]*mcp.Entry{}
 		}
 		var d digest
+		if err := s.damagedTree(colb); err != nil {
+			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: fmt.Errorf("unreadable: %v", err)})
+			return nil
+		}
 		if err := s.guard(func() error { return scanCollection(r, cluster, coll, colb, held, &d) }); err != nil {
 			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: fmt.Errorf("unreadable past %d records: %v", len(held), unwrapCorrupt(err))})
 		}
@@ -403,6 +543,10 @@ func scanCollection(r *scanResult, cluster, coll string, colb *bolt.Bucket, held
 	var prev []byte
 	misordered := false
 	return colb.ForEach(func(nk, v []byte) error {
+		if err := r.impossible(nk, v); err != nil {
+			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: err})
+			return nil
+		}
 		name := string(nk)
 		if prev != nil && bytes.Compare(nk, prev) <= 0 && !misordered {
 			misordered = true // once per collection: the record may be whole, its neighbour not
@@ -431,6 +575,11 @@ func scanCollection(r *scanResult, cluster, coll string, colb *bolt.Bucket, held
 func scanMeta(r *scanResult, mb *bolt.Bucket, computed map[string]digest) error {
 	var prev []byte
 	return mb.ForEach(func(ck, v []byte) error {
+		if err := r.impossible(ck, v); err != nil {
+			r.metaRewrite = true
+			r.find(&CorruptError{Cluster: fmt.Sprintf("(a damaged metadata key of %d bytes)", len(ck)), Err: err})
+			return nil
+		}
 		cluster := string(ck)
 		if prev != nil && bytes.Compare(ck, prev) <= 0 {
 			r.metaRewrite = true
@@ -463,31 +612,39 @@ func scanMeta(r *scanResult, mb *bolt.Bucket, computed map[string]digest) error 
 	})
 }
 
-func readDigests(fb *bolt.Bucket, into map[string]digest) error {
+func readDigests(r *scanResult, fb *bolt.Bucket, into map[string]digest) error {
 	db := fb.Bucket(digestsBucket)
 	if db == nil {
 		return nil
 	}
 	return db.ForEach(func(k, v []byte) error {
+		if err := r.impossible(k, v); err != nil {
+			return err
+		}
 		d, ok := decodeDigest(v)
 		if !ok {
-			return fmt.Errorf("digest %q: %d bytes", k, len(v))
+			return fmt.Errorf("digest %q: %d bytes", truncate(string(k)), len(v))
 		}
 		into[string(k)] = d
 		return nil
 	})
 }
 
-func readMarks(fb *bolt.Bucket, into map[string]string) error {
+func readMarks(r *scanResult, fb *bolt.Bucket) error {
+	into := r.marks
 	mb := fb.Bucket(damagedBucket)
 	if mb == nil {
 		return nil
 	}
 	return mb.ForEach(func(k, v []byte) error {
+		if err := r.impossible(k, v); err != nil {
+			return err
+		}
 		if v == nil {
 			into[string(k)] = "(a damaged mark: a bucket)"
 			return nil
 		}
+		r.marksRaw[string(k)] = bytes.Clone(v)
 		m, err := decodeMark(v)
 		if err != nil {
 			into[string(k)] = err.Error()

@@ -130,6 +130,13 @@ type Store struct {
 	// computes them without waiting for a write.
 	repair  *repairPlan
 	migrate bool
+	// badRoots: the buckets whose trees walkTree found damaged (root page → why), which
+	// bbolt must never be let into; salvage: the file is readable but must not be written
+	// (its freelist names pages in use), and OpenState rebuilds it; unwritable: the repair
+	// of damaged trees failed, and writing could walk them: every commit fails with it.
+	badRoots   map[uint64]string
+	salvage    *CorruptError
+	unwritable error
 	// eager: a repair or migration commits without waiting for a write (OpenState only: Open
 	// changes nothing in the file before the first write, so that OpenOrReset moves a
 	// damaged file aside as it found it).
@@ -255,7 +262,13 @@ func newStore(path string, log *slog.Logger, cfg config, allowRO bool) (*Store, 
 		return nil, err
 	}
 	s.db, s.file = db, info
-	if roErr != nil {
+	switch {
+	case s.salvage != nil:
+		// Never written as it is (OpenState rebuilds it; Open's caller gets a store that
+		// writes nothing, and the next OpenState rebuilds it).
+		s.setReadOnly(fmt.Errorf("state file %s: not writable as it is, nothing is written: %v", path, s.salvage.Err))
+		s.unwritable = errors.New(s.Stats().LastError)
+	case roErr != nil:
 		s.setReadOnly(fmt.Errorf("state file %s: read-only, nothing is written: %w", path, roErr))
 	}
 	if st, err := os.Stat(path); err == nil {
@@ -374,6 +387,19 @@ func (s *Store) openDB(create, allowRO bool) (db *bolt.DB, info os.FileInfo, roE
 		if err := checkFile(f, info.Size()); err != nil {
 			return nil, nil, nil, &CorruptError{Path: s.path, Err: err}
 		}
+		if create { // the first open (a reopen finds the file this package wrote)
+			bad, err := walkTree(f, info.Size())
+			switch {
+			case errors.Is(err, errFreelistOverlap):
+				// Readable, but not writable as it is: opened read-only (bbolt then does
+				// not load the freelist), and OpenState rebuilds it.
+				s.salvage = &CorruptError{Path: s.path, Err: err}
+				ro = true
+			case err != nil:
+				return nil, nil, nil, &CorruptError{Path: s.path, Err: err}
+			}
+			s.badRoots = bad
+		}
 	}
 	opts := &bolt.Options{
 		Timeout:  s.cfg.lockTimeout,
@@ -419,20 +445,44 @@ func (s *Store) openDB(create, allowRO bool) (db *bolt.DB, info os.FileInfo, roE
 // replaced (fs.ErrExist) — and the directory fsynced. A crash at any point leaves either no
 // file or a whole one (and maybe the temporary file, named <path>.new-*).
 func (s *Store) createFile() error {
-	tmp := fmt.Sprintf("%s.new-%d-%d", s.path, os.Getpid(), time.Now().UnixNano())
-	f, err := s.cfg.openFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	tmp, err := s.writeTemp(nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = os.Remove(tmp) }()
+	if err := os.Link(tmp, s.path); err != nil {
+		return err
+	}
+	syncDir(filepath.Dir(s.path))
+	return nil
+}
+
+// writeTemp writes a whole new file beside the state file, in one commit: the layout,
+// then fill's writes (nil: none), and valid digests. The caller links it into place and
+// removes the temporary name.
+func (s *Store) writeTemp(fill func(tx *bolt.Tx) error) (string, error) {
+	tmp := fmt.Sprintf("%s.new-%d-%d", s.path, os.Getpid(), time.Now().UnixNano())
+	f, err := s.cfg.openFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", err
+	}
 	db, err := bolt.Open(tmp, 0o600, &bolt.Options{OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil }})
 	if err != nil {
 		_ = f.Close()
-		return err
+		_ = os.Remove(tmp)
+		return "", err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		if err := initLayout(tx); err != nil {
 			return err
+		}
+		if fill != nil {
+			if err := fill(tx); err != nil {
+				return err
+			}
+			if err := recomputeDigests(tx); err != nil {
+				return err
+			}
 		}
 		fb, _, _, err := integrityBuckets(tx)
 		if err != nil {
@@ -444,13 +494,10 @@ func (s *Store) createFile() error {
 		err = cerr
 	}
 	if err != nil {
-		return err
+		_ = os.Remove(tmp)
+		return "", err
 	}
-	if err := os.Link(tmp, s.path); err != nil {
-		return err
-	}
-	syncDir(filepath.Dir(s.path))
-	return nil
+	return tmp, nil
 }
 
 // errLockTimeout is lockFile's timeout.

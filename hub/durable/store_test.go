@@ -326,7 +326,7 @@ func TestCorruptFiles(t *testing.T) {
 			f.Close()
 			overwritePage(t, path, int64(m.root), int64(m.pageSize))
 			return path
-		}, []string{"bbolt failed on it"}},
+		}, []string{"the root bucket's tree", "says it is page"}}, // walkTree, before bbolt reads it
 		{"a collection's page overwritten", func(t *testing.T) string {
 			path := goodFile(t, 300)
 			var page uint64
@@ -342,7 +342,7 @@ func TestCorruptFiles(t *testing.T) {
 			db.Close()
 			overwritePage(t, path, int64(page), int64(ps))
 			return path
-		}, []string{"bbolt failed on it"}},
+		}, []string{`cluster "east", collection "` + vs + `": unreadable: its tree is damaged`}},
 		{"a record that is not a resource", func(t *testing.T) string {
 			path := goodFile(t, 3)
 			edit(t, path, putRaw([]string{"clusters", "east", vs, "ns/bad"}, []byte("not a resource")))

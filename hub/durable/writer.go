@@ -116,6 +116,9 @@ func (s *Store) run() {
 
 // write commits b, reopening the file first if the last commit failed.
 func (s *Store) write(b *batch) error {
+	if s.unwritable != nil && (b.n > 0 || s.eager && (s.repair != nil || s.migrate)) {
+		return s.unwritable
+	}
 	if s.reopen {
 		if err := s.reopenDB(); err != nil {
 			return err
@@ -139,6 +142,11 @@ func (s *Store) write(b *batch) error {
 			// the next start finds the same damage.
 			s.log.Error("state file: cannot repair the damage found at open; leaving it as it is", "file", s.path, "err", err)
 			s.repair = nil
+			if len(s.badRoots) > 0 {
+				// Damaged trees are still linked, and a commit could walk into one (bbolt
+				// loops on a page loop): nothing more is written.
+				s.unwritable = fmt.Errorf("state file %s: not writing: the repair of its damaged trees failed (%v); restart the hub", s.path, err)
+			}
 		}
 		return err
 	}
@@ -151,7 +159,7 @@ func (s *Store) write(b *batch) error {
 		terr := s.guard(func() error {
 			return s.db.Update(func(tx *bolt.Tx) error {
 				var err error
-				trimmed, err = trimQuarantine(tx)
+				trimmed, err = trimQuarantine(tx, s.badRoots)
 				return err
 			})
 		})
@@ -367,7 +375,7 @@ func isEmpty(b *bolt.Bucket) bool {
 // stays within the names held (in the hub or in the file) plus one retry interval's churn.
 // The file cannot change meanwhile: only the writer commits.
 func (s *Store) prune(b *batch) {
-	if s.db == nil {
+	if s.db == nil || s.repair != nil || s.unwritable != nil { // damaged trees may still be linked
 		return
 	}
 	pruned := 0
