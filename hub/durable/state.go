@@ -427,7 +427,7 @@ func (s *Store) scan(tx *bolt.Tx) (*scanResult, error) {
 			r.rewriteAll = true
 			r.find(&CorruptError{Cluster: cluster, Err: errors.New("its name is out of order in the clusters bucket (a damaged key)")})
 		}
-		prev = bytes.Clone(ck)
+		prev = append(prev[:0], ck...)
 		c := r.cluster(cluster)
 		if v != nil {
 			r.find(&CorruptError{Cluster: cluster, Err: errors.New("a value where a cluster's bucket belongs")})
@@ -504,7 +504,7 @@ func (s *Store) scanCluster(r *scanResult, cluster string, kb *bolt.Bucket, c *C
 		if prev != nil && bytes.Compare(colk, prev) <= 0 {
 			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: errors.New("its name is out of order in the cluster's bucket (a damaged key)")})
 		}
-		prev = bytes.Clone(colk)
+		prev = append(prev[:0], colk...)
 		if v != nil {
 			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: errors.New("a value where a collection's bucket belongs")})
 			return nil
@@ -552,7 +552,7 @@ func scanCollection(r *scanResult, cluster, coll string, colb *bolt.Bucket, held
 			misordered = true // once per collection: the record may be whole, its neighbour not
 			r.find(&CorruptError{Cluster: cluster, Collection: coll, Err: fmt.Errorf("keys out of order at %q (a damaged key)", truncate(name))})
 		}
-		prev = bytes.Clone(nk)
+		prev = append(prev[:0], nk...)
 		if v == nil {
 			r.find(&CorruptError{Cluster: cluster, Collection: coll, Name: name, Err: errors.New("a bucket where a resource belongs")})
 			return nil
@@ -585,7 +585,7 @@ func scanMeta(r *scanResult, mb *bolt.Bucket, computed map[string]digest) error 
 			r.metaRewrite = true
 			r.find(&CorruptError{Cluster: cluster, Err: errors.New("metadata: its name is out of order in the meta bucket (a damaged key)")})
 		}
-		prev = bytes.Clone(ck)
+		prev = append(prev[:0], ck...)
 		if v == nil {
 			r.metaRewrite = true
 			r.find(&CorruptError{Cluster: cluster, Err: errors.New("a bucket where the cluster's metadata belongs")})

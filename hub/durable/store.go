@@ -189,6 +189,9 @@ type config struct {
 	// beforeCommit runs in each write transaction before its writes: tests make it slow or
 	// failing.
 	beforeCommit func() error
+	// noDigests: commits keep no integrity digests (the benchmarks' baseline: what the
+	// digests cost; a file so written has stale digests, recomputed at its next open).
+	noDigests bool
 }
 
 // Faults make the state file's disk fail on purpose, for tests of what the hub does when

@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -30,7 +31,8 @@ func walkTree(f *os.File, size int64) (bad map[uint64]string, err error) {
 	if !ok {
 		return nil, nil // bbolt's Open says what is wrong
 	}
-	w := &walker{f: f, ps: int64(m.pageSize), max: m.pgid, owner: map[uint64]uint64{}, bad: map[uint64]string{}, top: map[string]uint64{}}
+	w := &walker{f: f, ps: int64(m.pageSize), max: m.pgid, owner: map[uint64]uint64{}, bad: map[uint64]string{}, top: map[string]uint64{},
+		buf: make([]byte, m.pageSize)}
 	w.bucket(m.root, true)
 	if why := w.bad[m.root]; why != "" {
 		return nil, fmt.Errorf("the root bucket's tree: %s", why)
@@ -68,6 +70,7 @@ type walker struct {
 	owner map[uint64]uint64 // page → the root of the bucket whose tree links it
 	bad   map[uint64]string
 	top   map[string]uint64 // the root bucket's buckets: name → root page (0: inline)
+	buf   []byte
 }
 
 const (
@@ -93,11 +96,11 @@ func (w *walker) page(id, root uint64, depth int, isRoot bool) string {
 	if id < 2 || id >= w.max {
 		return fmt.Sprintf("page %d is out of the file's pages (2..%d)", id, w.max)
 	}
-	var h [pageHeaderSize]byte
-	if _, err := w.f.ReadAt(h[:], int64(id)*w.ps); err != nil {
+	b := w.buf[:w.ps] // the page; its overflow pages are read once the header says how many
+	if _, err := w.f.ReadAt(b, int64(id)*w.ps); err != nil {
 		return fmt.Sprintf("page %d: %v", id, err)
 	}
-	self, flags, count, overflow := ne.Uint64(h[0:]), ne.Uint16(h[8:]), int(ne.Uint16(h[10:])), uint64(ne.Uint32(h[12:]))
+	self, flags, count, overflow := ne.Uint64(b[0:]), ne.Uint16(b[8:]), int(ne.Uint16(b[10:])), uint64(ne.Uint32(b[12:]))
 	switch {
 	case self != id:
 		return fmt.Sprintf("page %d says it is page %d", id, self)
@@ -116,9 +119,13 @@ func (w *walker) page(id, root uint64, depth int, isRoot bool) string {
 		}
 		w.owner[p] = root
 	}
-	b := make([]byte, int64(overflow+1)*w.ps)
-	if _, err := w.f.ReadAt(b, int64(id)*w.ps); err != nil {
-		return fmt.Sprintf("page %d: %v", id, err)
+	if overflow > 0 {
+		b = make([]byte, int64(overflow+1)*w.ps)
+		if _, err := w.f.ReadAt(b, int64(id)*w.ps); err != nil {
+			return fmt.Sprintf("page %d: %v", id, err)
+		}
+	} else {
+		b = bytes.Clone(b) // w.buf is reused by the pages below this one
 	}
 	if pageHeaderSize+count*elemSize > len(b) || flags == branchPageFlag && count == 0 {
 		return fmt.Sprintf("page %d says it holds %d elements", id, count)

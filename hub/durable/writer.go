@@ -226,9 +226,11 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			return err
 		}
 	}
+	keep := !s.cfg.noDigests
 	// Damage found at open first, or digests that are not the last commit's (a migration):
 	// the batch's digests are kept from theirs.
-	if valid, present := digestsValid(tx); s.repair != nil {
+	if valid, present := digestsValid(tx); !keep {
+	} else if s.repair != nil {
 		if err := s.repair.apply(tx); err != nil {
 			return &errRepair{err}
 		}
@@ -294,21 +296,23 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			for _, name := range slices.Sorted(maps.Keys(m)) {
 				v := m[name]
 				var old []byte
-				if colb != nil {
+				if colb != nil && keep {
 					old = colb.Get([]byte(name))
 				}
 				if old != nil {
 					delta.sub(name, old)
 				}
 				if v == nil {
-					if old != nil {
+					if colb != nil && (old != nil || !keep) {
 						if err := colb.Delete([]byte(name)); err != nil {
 							return fmt.Errorf("cluster %q, collection %q, resource %q: %w", cluster, coll, name, err)
 						}
 					}
 					continue
 				}
-				delta.add(name, v)
+				if keep {
+					delta.add(name, v)
+				}
 				if colb == nil {
 					var err error
 					if kb == nil {
@@ -354,12 +358,17 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			if err := mb.Put(key, c.meta); err != nil {
 				return fmt.Errorf("cluster %q: metadata: %w", cluster, err)
 			}
-			var d digest
-			d.add("", c.meta)
-			if err := digests.Put(digestKey(cluster, kindMeta, ""), d.bytes()); err != nil {
-				return fmt.Errorf("cluster %q: metadata digest: %w", cluster, err)
+			if keep {
+				var d digest
+				d.add("", c.meta)
+				if err := digests.Put(digestKey(cluster, kindMeta, ""), d.bytes()); err != nil {
+					return fmt.Errorf("cluster %q: metadata digest: %w", cluster, err)
+				}
 			}
 		}
+	}
+	if !keep {
+		return nil
 	}
 	return setDigested(fb, tx)
 }
