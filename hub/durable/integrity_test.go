@@ -826,3 +826,47 @@ func TestFreelistNamesALivePage(t *testing.T) {
 	}
 	f.Close()
 }
+
+// TestFlippedBitInAClusterName: the records of a cluster appear under a name the hub does
+// not know, and disappear from the real cluster. The unknown name has neither metadata nor
+// digests: its records are left out (quarantined); the real cluster's digests no longer
+// match: it is damaged.
+func TestFlippedBitInAClusterName(t *testing.T) {
+	path := fleetFile(t)
+	root, ps := pageOfBucket(t, path, "clusters")
+	b, _ := os.ReadFile(path)
+	at := bytes.Index(b[int(root)*ps:int(root+1)*ps], []byte("west"))
+	if at < 0 {
+		t.Fatal("no key west in the clusters bucket's page")
+	}
+	b[int(root)*ps+at+3] ^= 1 // west → wesu
+	writeFile(t, path, b)
+
+	s, st := openStateT(t, path, testConfig())
+	if st.Reset != nil {
+		t.Fatalf("reset: %v", st.Reset)
+	}
+	if d := st.Damaged["west"]; !strings.Contains(d, "integrity digest") {
+		t.Errorf("west: %q; want its digests' mismatch", d)
+	}
+	if d := st.Damaged["wesu"]; !strings.Contains(d, "no metadata or digests") {
+		t.Errorf("wesu: %q; want its records left out", d)
+	}
+	if c := st.Clusters["wesu"]; c == nil || len(c.Collections) != 0 {
+		t.Errorf("wesu's records are served: %v", c)
+	}
+	if c := st.Clusters["west"]; c == nil || len(c.Collections) != 0 || !c.Synced {
+		t.Errorf("west: %v; want its metadata, and no records", c)
+	}
+	if len(st.Damaged) != 2 {
+		t.Errorf("damaged: %v", st.Damaged)
+	}
+	s.DropCluster("wesu") // the hub forgets a cluster it does not know
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, st2 := openStateT(t, path, testConfig())
+	if _, ok := st2.Clusters["wesu"]; ok || !strings.HasPrefix(st2.Damaged["west"], "marked: ") || len(st2.Damaged) != 1 {
+		t.Errorf("after the repair and the drop: damaged %v, clusters %v", st2.Damaged, slices.Sorted(maps.Keys(st2.Clusters)))
+	}
+}

@@ -45,7 +45,8 @@ type State struct {
 	// crashed, or its run marker is missing): the file holds a prefix of its writes, and what
 	// it enqueued in its last moments may be missing. Failing: its writes were failing when
 	// it stopped (disk full, I/O errors): any cluster's state may be older than what it had
-	// served, by as long as the failure lasted.
+	// served, by as long as the failure lasted; it is also set after a Close that could not
+	// write everything. Failing implies Unclean.
 	Unclean, Failing bool
 	// Migrated: the file had no valid integrity digests (written before they existed, or
 	// last written by another program), so silent damage could not be checked for on this
@@ -102,7 +103,7 @@ func openState(path string, log *slog.Logger, cfg config) (*Store, *State, error
 			return nil, nil, err
 		} else {
 			st.Clusters, st.Damaged, st.Migrated = r.clusters, r.damaged(), !r.valid
-			s.repair = r.plan(s.readOnly)
+			s.repair = r.plan() // a read-only store keeps it for when it can write
 			if s.salvage != nil && !probeReadOnly(path, cfg) {
 				if s, err = s.rebuild(r); err != nil {
 					return nil, nil, err
@@ -244,7 +245,7 @@ func (r *scanResult) writeAll(tx *bolt.Tx, now time.Time) error {
 // probeReadOnly reports whether path cannot be written (or created) for the reasons a
 // read-only file system or permissions give.
 func probeReadOnly(path string, cfg config) bool {
-	f, err := cfg.openFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := cfg.openFile(path, os.O_RDWR, 0)
 	if err == nil {
 		_ = f.Close()
 		return false
@@ -743,7 +744,7 @@ type repairPlan struct {
 }
 
 // plan is the repair of what r found, nil when there is nothing to do.
-func (r *scanResult) plan(readOnly bool) *repairPlan {
+func (r *scanResult) plan() *repairPlan {
 	if len(r.findings) == 0 && !r.digestsLost && !r.marksLost {
 		return nil
 	}
@@ -774,7 +775,6 @@ func (r *scanResult) plan(readOnly bool) *repairPlan {
 		}
 	}
 	p.summary = fmt.Sprintf("%d clusters damaged", len(r.order))
-	_ = readOnly // a read-only store keeps the plan for when it can write
 	return p
 }
 
@@ -790,11 +790,13 @@ func (p *repairPlan) apply(tx *bolt.Tx) error {
 		return err
 	}
 	if !p.all {
+		// The clusters bucket's keys are in order (the scan would have set all otherwise),
+		// so bbolt finds each one. If it did not, the transaction is abandoned rather than
+		// fixed up: a subtree already linked into the quarantine and still in the clusters
+		// bucket could not be unlinked from either without freeing its pages under the other.
 		for _, c := range slices.Sorted(maps.Keys(p.clusters)) {
-			key := []byte(c)
-			if err := takeOut(cb, key, data); err != nil {
-				p.all = true // the clusters bucket's own keys cannot be trusted: rewrite it whole
-				break
+			if err := takeOut(cb, []byte(c), data); err != nil {
+				return fmt.Errorf("cluster %q: %w", c, err)
 			}
 		}
 	}
