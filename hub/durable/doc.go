@@ -173,6 +173,14 @@
 //     written as it is, so it is opened read-only, read, and rebuilt: a new file with
 //     everything read (and its marks) is written beside it, the old one moved aside, the
 //     new one linked into place. Nothing read is lost: not a Reset.
+//   - A damaged meta page: bbolt keeps two, checksummed, and when one is invalid reads the
+//     other without a word. If the invalid one was the newer, the file is at the commit
+//     before its last — a valid state, older than what was served, and what that commit
+//     wrote (one batch, of any size) is missing. The invalid page's own transaction id
+//     tells which it was when it is readable; unless it names the older one,
+//     State.LastCommitLost says so, with Failing and Unclean (the same consequence for the
+//     hub). In 30 file layouts × 300 random flips this was the only way a cluster came
+//     back different from what was written without its name in Damaged.
 //   - What makes the file unreadable as a whole is a Reset, as before: not a bbolt file,
 //     both meta pages bad, truncated (shorter than its metadata says), zero length, no
 //     layout (half-initialized), another format version or another program's file, a

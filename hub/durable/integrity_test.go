@@ -314,7 +314,7 @@ func TestRandomBitFlips(t *testing.T) {
 	used := int(m.pgid) * int(m.pageSize)
 
 	r := rand.New(rand.NewPCG(25, 4))
-	var oldLost, newLost, oldSilent, silent, damagedRuns, repairedOK int
+	var oldLost, newLost, oldSilent, silent, damagedRuns, repairedOK, lastLost int
 	dir := t.TempDir()
 	for run := range runs {
 		off, bit := r.IntN(used), uint(r.IntN(8))
@@ -354,8 +354,14 @@ func TestRandomBitFlips(t *testing.T) {
 		if len(st.Damaged) > 0 {
 			damagedRuns++
 		}
+		if st.LastCommitLost != "" {
+			lastLost++ // every cluster may be older: reported as such
+			if !st.Failing || !st.Unclean {
+				t.Errorf("run %d: the last commit may be lost, and the state says %+v", run, st)
+			}
+		}
 		for _, cl := range fleetClusters {
-			if _, named := st.Damaged[cl]; !named && !clusterEqual(st.Clusters[cl], want[cl]) {
+			if _, named := st.Damaged[cl]; !named && st.LastCommitLost == "" && !clusterEqual(st.Clusters[cl], want[cl]) {
 				silent++
 				t.Errorf("run %d (byte %d bit %d): %s differs from what was written and is not named damaged (damaged: %v)", run, off, bit, cl, st.Damaged)
 			}
@@ -376,7 +382,7 @@ func TestRandomBitFlips(t *testing.T) {
 			}
 		}
 		for _, cl := range fleetClusters {
-			if _, named := st2.Damaged[cl]; !named && !clusterEqual(st2.Clusters[cl], want[cl]) {
+			if _, named := st2.Damaged[cl]; !named && st.LastCommitLost == "" && !clusterEqual(st2.Clusters[cl], want[cl]) {
 				ok = false
 				t.Errorf("run %d: after the repair %s differs from what was written, unnamed", run, cl)
 			}
@@ -387,8 +393,8 @@ func TestRandomBitFlips(t *testing.T) {
 		_ = s2.Close()
 	}
 	t.Logf("%d runs, one random bit flipped in the file's %d used bytes: the whole file lost: OpenOrReset %d, OpenState %d; "+
-		"a cluster wrong and not reported: OpenOrReset %d, OpenState %d; OpenState named clusters damaged in %d runs; the repaired file reopened as reported in %d of %d",
-		runs, used, oldLost, newLost, oldSilent, silent, damagedRuns, repairedOK, runs-newLost)
+		"a cluster wrong and not reported: OpenOrReset %d, OpenState %d; OpenState named clusters damaged in %d runs, and the last commit possibly lost in %d; the repaired file reopened as reported in %d of %d",
+		runs, used, oldLost, newLost, oldSilent, silent, damagedRuns, lastLost, repairedOK, runs-newLost)
 	if newLost > oldLost {
 		t.Errorf("OpenState lost the whole file %d times, OpenOrReset %d", newLost, oldLost)
 	}
@@ -868,5 +874,44 @@ func TestFlippedBitInAClusterName(t *testing.T) {
 	_, st2 := openStateT(t, path, testConfig())
 	if _, ok := st2.Clusters["wesu"]; ok || !strings.HasPrefix(st2.Damaged["west"], "marked: ") || len(st2.Damaged) != 1 {
 		t.Errorf("after the repair and the drop: damaged %v, clusters %v", st2.Damaged, slices.Sorted(maps.Keys(st2.Clusters)))
+	}
+}
+
+// TestDamagedMetaPage: bbolt keeps two meta pages (checksummed) and reads the valid one of
+// the higher transaction. With the newest one damaged it silently reads the one before:
+// the file is at its commit before last, a valid state older than what was served. That is
+// reported (LastCommitLost, with Failing and Unclean); the older one damaged is not.
+func TestDamagedMetaPage(t *testing.T) {
+	for _, newest := range []bool{true, false} {
+		t.Run(fmt.Sprintf("newest=%v", newest), func(t *testing.T) {
+			path := statePath(t)
+			s := openT(t, path, nil, testConfig())
+			s.Put("east", vs, "ns/a", entry(t, "ns/a", "1", 10).Encoded)
+			flush(t, s)
+			s.Put("east", vs, "ns/b", entry(t, "ns/b", "1", 10).Encoded) // the last commit
+			flush(t, s)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			f, _ := os.Open(path)
+			fi, _ := f.Stat()
+			m, _ := bestMeta(f, fi.Size())
+			f.Close()
+			slot := int(m.txid % 2)
+			if !newest {
+				slot = 1 - slot
+			}
+			flipBit(t, path, slot*int(m.pageSize)+pageHeaderSize+12, 3) // in its flags: only the checksum tells
+
+			_, st := openStateT(t, path, testConfig())
+			res, _ := flat(st.Clusters)
+			_, hasB := res["east|"+vs+"|ns/b"]
+			switch {
+			case newest && (st.LastCommitLost == "" || !st.Failing || !st.Unclean || hasB || len(res) != 1):
+				t.Errorf("the newest meta page damaged: %+v, resources %v; want the last commit reported lost (it is)", st, res)
+			case !newest && (st.LastCommitLost != "" || st.Failing || st.Unclean || !hasB):
+				t.Errorf("the older meta page damaged: %+v, resources %v; want the file whole and nothing reported", st, res)
+			}
+		})
 	}
 }

@@ -48,6 +48,12 @@ type State struct {
 	// served, by as long as the failure lasted; it is also set after a Close that could not
 	// write everything. Failing implies Unclean.
 	Unclean, Failing bool
+	// LastCommitLost says why the file may hold the state before its last commit ("" if
+	// not): one of bbolt's two meta pages is damaged (a flipped bit, a write torn by a power
+	// loss) and bbolt reads the other, which may be the older. What that commit wrote is then
+	// missing, however much it was: Failing and Unclean are set too, for what follows for the
+	// hub is the same.
+	LastCommitLost string
 	// Migrated: the file had no valid integrity digests (written before they existed, or
 	// last written by another program), so silent damage could not be checked for on this
 	// open; they are computed by the first commit.
@@ -136,6 +142,10 @@ func openState(path string, log *slog.Logger, cfg config) (*Store, *State, error
 		st.Unclean, st.Failing = true, true
 	case prev == runOpen:
 		st.Unclean = true
+	}
+	if s.lostCommit != "" && st.Reset == nil {
+		st.LastCommitLost, st.Failing = s.lostCommit, true
+		log.Error("state file: it may hold the state before its last commit; any cluster's kept state may be older than what was served", "why", s.lostCommit)
 	}
 	if st.Failing {
 		st.Unclean = true

@@ -137,6 +137,7 @@ type Store struct {
 	badRoots   map[uint64]string
 	salvage    *CorruptError
 	unwritable error
+	lostCommit string // staleMeta's answer at the first open
 	// eager: a repair or migration commits without waiting for a write (OpenState only: Open
 	// changes nothing in the file before the first write, so that OpenOrReset moves a
 	// damaged file aside as it found it).
@@ -391,6 +392,7 @@ func (s *Store) openDB(create, allowRO bool) (db *bolt.DB, info os.FileInfo, roE
 			return nil, nil, nil, &CorruptError{Path: s.path, Err: err}
 		}
 		if create { // the first open (a reopen finds the file this package wrote)
+			s.lostCommit = staleMeta(f, info.Size())
 			bad, err := walkTree(f, info.Size())
 			switch {
 			case errors.Is(err, errFreelistOverlap):
