@@ -116,9 +116,10 @@
 // what to serve to the hub. Before, one flipped bit anywhere in a record moved the whole
 // file aside, and the hub then served every away cluster as empty: 300 runs of one random
 // bit flipped in a file of 3 clusters × 50 resources (TestRandomBitFlips, and the same
-// procedure on the release before) lost the whole file 6 times, and — worse — returned a
-// cluster whose bytes differed from what was written, with nothing said, 85 times (a flip
-// in a body still decodes); with OpenState, 0 and 0.
+// procedure on the release before, three runs) lost the whole file 6–7 times, and — worse —
+// returned a cluster whose bytes differed from what was written, with nothing said, 85–92
+// times (a flip in a body still decodes); with OpenState, 0 and 0 (in one file layout of
+// several, one flip in the clusters bucket's own page header was a Reset).
 //
 // What OpenState does with each kind of damage:
 //

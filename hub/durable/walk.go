@@ -161,11 +161,47 @@ func (w *walker) page(id, root uint64, depth int, isRoot bool) string {
 		if isRoot {
 			w.top[string(b[e+pos:e+pos+ksize])] = child
 		}
-		// An inline bucket (root 0) is a leaf page inside the value, holding no buckets:
-		// bbolt reads it without following a page id, and what is wrong in it is the
-		// scan's to find (under the fault guard).
 		if child != 0 {
 			w.bucket(child, false)
+			continue
+		}
+		// An inline bucket (root 0): its page is inside the value. bbolt reads it as it
+		// finds it — a branch there would have it follow page ids, a bucket in it would be
+		// opened — so it must be a leaf, whose buckets are walked too. It has no root page to
+		// be named by: what is wrong in it makes the bucket holding it bad.
+		if why := w.inline(v[bucketHeader:], id, i); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+func (w *walker) inline(in []byte, id uint64, i int) string {
+	if len(in) < pageHeaderSize || ne.Uint16(in[8:]) != leafPageFlag {
+		return fmt.Sprintf("page %d, element %d: an inline bucket that is not a leaf page", id, i)
+	}
+	n := int(ne.Uint16(in[10:]))
+	if pageHeaderSize+n*elemSize > len(in) {
+		return fmt.Sprintf("page %d, element %d: an inline bucket that says it holds %d elements", id, i, n)
+	}
+	for j := range n {
+		e := pageHeaderSize + j*elemSize
+		flags, pos, ksize, vsize := ne.Uint32(in[e:]), int(ne.Uint32(in[e+4:])), int(ne.Uint32(in[e+8:])), int(ne.Uint32(in[e+12:]))
+		end := e + pos + ksize + vsize
+		if end > len(in) || end < e {
+			return fmt.Sprintf("page %d, element %d: an inline bucket's element %d runs out of it", id, i, j)
+		}
+		if flags&bucketLeafFlag == 0 {
+			continue
+		}
+		v := in[e+pos+ksize : end]
+		if len(v) < bucketHeader {
+			return fmt.Sprintf("page %d, element %d: an inline bucket's bucket of %d bytes", id, i, len(v))
+		}
+		if child := ne.Uint64(v); child != 0 {
+			w.bucket(child, false)
+		} else if why := w.inline(v[bucketHeader:], id, i); why != "" {
+			return why
 		}
 	}
 	return ""
