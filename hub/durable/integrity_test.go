@@ -18,6 +18,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/meshfed/meshfed/internal/testkit/testlog"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
 
 // Issue 25, finding 4: a state file that cannot be used whole. These tests damage files the
@@ -585,19 +586,14 @@ func TestRunMarker(t *testing.T) {
 	}
 }
 
+// testWaitMarker waits for the run marker to say want: the writer writes it right after
+// the event the test waited for (a failed or a recovered commit).
 func testWaitMarker(t *testing.T, path, want string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		w, err := readRunMarker(path)
-		if w == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run marker says %q (%v), want %q", w, err, want)
-		}
-		time.Sleep(time.Millisecond) // written by the writer right after the event waited for
-	}
+	testwait.For(t, 10*time.Second, "the run marker saying "+want, func() bool {
+		w, _ := readRunMarker(path)
+		return w == want
+	})
 }
 
 // TestUpgradeComputesDigests: a file with no digests (the release before them) opens whole
