@@ -27,12 +27,12 @@ type Overview struct {
 // ClusterSummary is one cluster as the dashboard lists it: ClusterStatus with its maps
 // counted (GET /api/clusters and /api/why have the names).
 type ClusterSummary struct {
-	Name        string     `json:"name"`
-	Tenant      string     `json:"tenant"`
-	Connected   bool       `json:"connected"`
-	Streams     int        `json:"streams"`
-	Synced      bool       `json:"synced"`
-	Restored    bool       `json:"restored,omitempty"`
+	Name      string `json:"name"`
+	Tenant    string `json:"tenant"`
+	Connected bool   `json:"connected"`
+	Streams   int    `json:"streams"`
+	Synced    bool   `json:"synced"`
+	Restored  bool   `json:"restored,omitempty"`
 	// Departed and Unknown are ClusterStatus's: it left the configuration (kept until an
 	// operator confirms), or the hub does not know its last state (why).
 	Departed    *time.Time `json:"departed,omitempty"`

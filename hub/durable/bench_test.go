@@ -63,8 +63,8 @@ func BenchmarkApply(b *testing.B) {
 // the disk, in the batches the writer forms by itself.
 func BenchmarkDiskThroughput(b *testing.B) {
 	for _, size := range []int{1000} {
-		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
-			s := openT(b, statePath(b), slog.New(slog.DiscardHandler), defaultConfig())
+		forDigests(b, fmt.Sprintf("%dB", size), func(b *testing.B, cfg config) {
+			s := openT(b, statePath(b), slog.New(slog.DiscardHandler), cfg)
 			const n = 10000
 			var versions [2][]*mcp.Entry
 			for v := range versions {
@@ -97,11 +97,27 @@ func BenchmarkDiskThroughput(b *testing.B) {
 // BenchmarkCommitLatency: one resource put and waited for: the cost of one commit (its
 // fsyncs) when the hub is quiet, the least a batch takes.
 func BenchmarkCommitLatency(b *testing.B) {
-	s := openT(b, statePath(b), slog.New(slog.DiscardHandler), defaultConfig())
-	e := entry(b, "ns/r", "1", 1000).Encoded
-	for b.Loop() {
-		s.Put("east", vs, "ns/r", e)
-		flush(b, s)
+	forDigests(b, "", func(b *testing.B, cfg config) {
+		s := openT(b, statePath(b), slog.New(slog.DiscardHandler), cfg)
+		e := entry(b, "ns/r", "1", 1000).Encoded
+		for b.Loop() {
+			s.Put("east", vs, "ns/r", e)
+			flush(b, s)
+		}
+	})
+}
+
+// forDigests runs f with and without the integrity digests (config.noDigests), in the same
+// run, for comparing what they cost a commit.
+func forDigests(b *testing.B, name string, f func(b *testing.B, cfg config)) {
+	for _, on := range []bool{false, true} {
+		cfg := defaultConfig()
+		cfg.noDigests = !on
+		n := fmt.Sprintf("digests=%v", on)
+		if name != "" {
+			n = name + "/" + n
+		}
+		b.Run(n, func(b *testing.B) { f(b, cfg) })
 	}
 }
 
@@ -112,8 +128,8 @@ func BenchmarkCommitLatency(b *testing.B) {
 // share of it.
 func BenchmarkCommitByStored(b *testing.B) {
 	for _, n := range []int{1000, 100000, 1000000} {
-		b.Run(fmt.Sprintf("stored=%d", n), func(b *testing.B) {
-			s := openT(b, statePath(b), slog.New(slog.DiscardHandler), defaultConfig())
+		forDigests(b, fmt.Sprintf("stored=%d", n), func(b *testing.B, cfg config) {
+			s := openT(b, statePath(b), slog.New(slog.DiscardHandler), cfg)
 			e := entry(b, "ns/r", "1", 256).Encoded
 			start := time.Now()
 			for j := range n { // as fast as the hub enqueues them: the writer takes what is queued
@@ -128,5 +144,33 @@ func BenchmarkCommitByStored(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// BenchmarkLoad: a start, on a file of 100,000 resources of 256 bytes in 10 clusters:
+// open, load every record (decoded, checked, hashed) and close.
+func BenchmarkLoad(b *testing.B) {
+	path := statePath(b)
+	s := openT(b, path, slog.New(slog.DiscardHandler), defaultConfig())
+	for c := range 10 {
+		for j := range 10000 {
+			n := fmt.Sprintf("ns/r%07d", j)
+			s.Put(fmt.Sprintf("c%d", c), vs, n, entry(b, n, "1", 256).Encoded)
+		}
+	}
+	flush(b, s)
+	if err := s.Close(); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		s, err := open(path, nil, defaultConfig())
+		if err != nil {
+			b.Fatal(err)
+		}
+		state, err := s.Load()
+		if err != nil || len(state) != 10 {
+			b.Fatalf("load: %d clusters, %v", len(state), err)
+		}
+		_ = s.Close()
 	}
 }

@@ -112,9 +112,13 @@ func crashChild(path string) {
 		fmt.Println("bad", crashFromEnv, err)
 		os.Exit(2)
 	}
-	s, err := Open(path, nil)
+	s, st, err := OpenState(path, nil, nil)
 	if err != nil {
 		fmt.Println("open:", err)
+		os.Exit(2)
+	}
+	if st.Reset != nil || len(st.Damaged) > 0 {
+		fmt.Printf("open: the file after a kill: reset %v, damaged %v\n", st.Reset, st.Damaged)
 		os.Exit(2)
 	}
 	for n := from; ; n++ {
@@ -271,8 +275,17 @@ func TestCrashLeavesAPrefix(t *testing.T) {
 		time.Sleep(time.Duration(r.IntN(200)) * time.Millisecond)
 		kill()
 
-		s := openT(t, path, nil, testConfig())
-		state := load(t, s)
+		// What the next start is told: the last run was killed (the run marker says
+		// "open"), its writes were not failing, and nothing in the file is damaged.
+		s, st := openStateT(t, path, testConfig())
+		if !st.Unclean || st.Failing || st.Reset != nil || len(st.Damaged) != 0 || st.Migrated {
+			t.Fatalf("round %d: OpenState after the kill: unclean %v (want true), failing %v, reset %v, damaged %v, migrated %v",
+				round, st.Unclean, st.Failing, st.Reset, st.Damaged, st.Migrated)
+		}
+		state := st.Clusters
+		if _, err := s.Load(); err != nil { // the strict load agrees
+			t.Fatalf("round %d: Load: %v", round, err)
+		}
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,8 @@ package durable
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -134,4 +136,46 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("the entry of %q does not read back: %v, %v", name, r, err)
 		}
 	})
+}
+
+// FuzzOpenState: the loader on any file content — arbitrary bytes, and the fuzzer's
+// mutations of a good file — returns an error, a Reset or a State, and never panics, faults
+// or hangs; the Store it returns then takes a write and closes (the repair runs).
+func FuzzOpenState(f *testing.F) {
+	good := smallFile(f)
+	f.Add(good)
+	f.Add([]byte{})
+	f.Add([]byte("hello"))
+	f.Add(good[:len(good)/2])
+	for _, at := range []int{4096*2 + 100, 4096*3 + 50, 4096*4 + 200} { // a bit in each of a few pages
+		if at < len(good) {
+			b := bytes.Clone(good)
+			b[at] ^= 0x10
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(t.TempDir(), "clusters.db")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig()
+		s, st, err := openState(path, nil, cfg)
+		if err != nil {
+			return
+		}
+		if st == nil || st.Clusters == nil || st.Damaged == nil {
+			t.Fatalf("OpenState returned no error and no state: %+v", st)
+		}
+		s.Put("east", vs, "ns/after", entryBytes("ns/after"))
+		_ = s.Close()
+	})
+}
+
+func entryBytes(name string) []byte {
+	b, err := proto.Marshal(&mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: name, Version: "1"}, Body: &anypb.Any{TypeUrl: "type.googleapis.com/x", Value: bytes.Repeat([]byte{'x'}, 300)}})
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

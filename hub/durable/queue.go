@@ -94,6 +94,40 @@ func (s *Store) DropCluster(cluster string) {
 	s.enqueuedLocked()
 }
 
+// Repaired enqueues clearing cluster's damage mark (State.Damaged): its state in the file is
+// whole again. The hub calls it once the cluster's own session has replaced its state (every
+// collection delivered and written after the damage was reported). Like every write it is
+// committed in order: the mark goes in the same commit as, or after, the writes enqueued
+// before it, so a file whose mark is gone holds the cluster's replaced state.
+func (s *Store) Repaired(cluster string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closedLocked(1) || s.refusedLocked(clusterRefusal(cluster), cluster, "", "", 0) {
+		return
+	}
+	s.coalesced += s.pending.mark(cluster, true, "")
+	s.enqueuedLocked()
+}
+
+// MarkDamaged enqueues marking cluster's state in the file as not whole, saying why: every
+// later OpenState reports it in State.Damaged until Repaired or DropCluster. The hub uses it
+// for what it knows and the file cannot (after a Reset, or State.Failing: clusters whose
+// kept state may be missing or older than what was served), so that a hub restarted again
+// before their sessions resync is told too. The file's own findings are marked by the
+// repair OpenState starts; the hub need not mark them.
+func (s *Store) MarkDamaged(cluster, why string) {
+	if why == "" {
+		why = "marked damaged by the hub"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closedLocked(1) || s.refusedLocked(clusterRefusal(cluster), cluster, "", "", 0) {
+		return
+	}
+	s.coalesced += s.pending.mark(cluster, false, why)
+	s.enqueuedLocked()
+}
+
 // enqueuedLocked counts one call and wakes the writer if it is not already woken.
 func (s *Store) enqueuedLocked() {
 	s.seq++
@@ -203,6 +237,9 @@ type clusterOps struct {
 	drop  bool                         // delete what the file holds of the cluster, before the rest
 	meta  []byte                       // encoded Meta to write; nil: none
 	colls map[string]map[string][]byte // collection → name → Resource; nil value: delete
+	// The damage mark: cleared first (Repaired), then markAdd added (MarkDamaged).
+	markClear bool
+	markAdd   []string
 }
 
 const (
@@ -218,6 +255,9 @@ func (c *clusterOps) count() int {
 		n++
 	}
 	if c.meta != nil {
+		n++
+	}
+	if c.markClear || len(c.markAdd) > 0 {
 		n++
 	}
 	for _, m := range c.colls {
@@ -272,6 +312,23 @@ func (b *batch) setMeta(cluster string, enc []byte) uint64 {
 	return 0
 }
 
+// mark records a change of cluster's damage mark (clear, or add why); it returns 1 if the
+// cluster already had one pending (coalesced into a single entry).
+func (b *batch) mark(cluster string, clear bool, why string) uint64 {
+	c := b.cluster(cluster)
+	had := c.markClear || len(c.markAdd) > 0
+	if clear {
+		c.markClear, c.markAdd = true, nil
+	} else {
+		c.markAdd = append(c.markAdd, why)
+	}
+	if had {
+		return 1
+	}
+	b.n++
+	return 0
+}
+
 // drop supersedes everything pending for cluster with a drop; it returns how many pending
 // writes it superseded.
 func (b *batch) drop(cluster string) uint64 {
@@ -296,6 +353,7 @@ func (b *batch) clear(c *clusterOps) {
 	}
 	clear(c.colls)
 	c.drop, c.meta = false, nil
+	c.markClear, c.markAdd = false, nil
 }
 
 // reset empties the batch once committed (or absorbed), keeping its maps for the next.
@@ -336,6 +394,16 @@ func (b *batch) absorb(newer *batch) {
 				b.n++
 			}
 			bc.meta = nc.meta
+		}
+		if nc.markClear || len(nc.markAdd) > 0 {
+			if !bc.markClear && len(bc.markAdd) == 0 {
+				b.n++
+			}
+			if nc.markClear {
+				bc.markClear, bc.markAdd = true, nc.markAdd
+			} else {
+				bc.markAdd = append(bc.markAdd, nc.markAdd...)
+			}
 		}
 		for coll, nm := range nc.colls {
 			bm := bc.colls[coll]

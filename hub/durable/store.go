@@ -5,15 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
-	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/meshfed/meshfed/internal/boltfile"
 	"github.com/meshfed/meshfed/mcp"
@@ -103,6 +106,10 @@ type Stats struct {
 	// FileSize is the file's size in bytes as of the last commit (bbolt's files do not
 	// shrink: deleted pages are reused).
 	FileSize int64
+	// ReadOnly: the file could not be opened for writing (a read-only file system,
+	// permissions); nothing is written, every attempt is a failure (Failing, LastError), and
+	// each one first tries to open the file for writing again.
+	ReadOnly bool
 }
 
 // Store is the hub's state file. Its write methods (Put, Remove, Apply, SetMeta,
@@ -119,6 +126,27 @@ type Store struct {
 	// reopen: the last commit failed, and the file is reopened before the next attempt
 	// (the writer's).
 	reopen bool
+	// repair: what the first writable commit does about the damage OpenState found (the
+	// writer's once started); migrate: the digests are not valid yet and the writer
+	// computes them without waiting for a write.
+	repair  *repairPlan
+	migrate bool
+	// badRoots: the buckets whose trees boltfile.WalkTree found damaged (root page → why), which
+	// bbolt must never be let into; salvage: the file is readable but must not be written
+	// (its freelist names pages in use), and OpenState rebuilds it; unwritable: the repair
+	// of damaged trees failed, and writing could walk them: every commit fails with it.
+	badRoots   map[uint64]string
+	salvage    *CorruptError
+	unwritable error
+	lostCommit string // staleMeta's answer at the first open
+	// eager: a repair or migration commits without waiting for a write (OpenState only: Open
+	// changes nothing in the file before the first write, so that OpenOrReset moves a
+	// damaged file aside as it found it).
+	eager bool
+	// runFile is the run marker (nil: none, read-only), runWord what it says; the writer's,
+	// then Close's.
+	runFile *os.File
+	runWord string
 
 	stop chan struct{} // closed by Close
 	wake chan struct{} // a write is pending (capacity 1)
@@ -146,6 +174,7 @@ type Store struct {
 	failing                     bool
 	lastError                   string
 	fileSize                    int64
+	readOnly                    bool
 }
 
 // config holds what tests change; Open uses defaultConfig.
@@ -162,6 +191,9 @@ type config struct {
 	// beforeCommit runs in each write transaction before its writes: tests make it slow or
 	// failing.
 	beforeCommit func() error
+	// noDigests: commits keep no integrity digests (the benchmarks' baseline: what the
+	// digests cost; a file so written has stale digests, recomputed at its next open).
+	noDigests bool
 }
 
 // Faults make the state file's disk fail on purpose, for tests of what the hub does when
@@ -207,30 +239,187 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 }
 
 func open(path string, log *slog.Logger, cfg config) (*Store, error) {
+	s, err := newStore(path, log, cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	s.start(false)
+	return s, nil
+}
+
+func allocStore(path string, log *slog.Logger, cfg config) *Store {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{path: path, log: log, cfg: cfg, stop: make(chan struct{}), wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1),
+	return &Store{path: path, log: log, cfg: cfg, stop: make(chan struct{}), wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1),
 		done: make(chan struct{}), pending: newBatch(), commitCh: make(chan struct{})}
-	db, info, err := s.openDB(true)
+}
+
+// newStore opens the file (creating it whole if there is none) without starting the
+// writer; allowRO: a file that cannot be opened for writing is opened read-only.
+func newStore(path string, log *slog.Logger, cfg config, allowRO bool) (*Store, error) {
+	s := allocStore(path, log, cfg)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil && !(allowRO && isReadOnlyErr(err)) {
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	}
+	db, info, roErr, err := s.openDB(true, allowRO)
 	if err != nil {
 		return nil, err
 	}
 	s.db, s.file = db, info
+	switch {
+	case s.salvage != nil:
+		// Never written as it is (OpenState rebuilds it; Open's caller gets a store that
+		// writes nothing, and the next OpenState rebuilds it).
+		s.setReadOnly(fmt.Errorf("state file %s: not writable as it is, nothing is written: %v", path, s.salvage.Err))
+		s.unwritable = errors.New(s.Stats().LastError)
+	case roErr != nil:
+		s.setReadOnly(fmt.Errorf("state file %s: read-only, nothing is written: %w", path, roErr))
+	}
 	if st, err := os.Stat(path); err == nil {
 		s.fileSize = st.Size()
 	}
-	go s.run()
+	_ = s.guard(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			valid, _ := digestsValid(tx)
+			s.migrate = !valid
+			return nil
+		})
+	})
 	return s, nil
 }
 
-// openDB opens the file (boltfile.Open: its lock, the checks bbolt does not make, bbolt
-// behind a guard) and checks its layout; create: a missing or empty file is initialized (a
-// reopen must find the file it had).
-func (s *Store) openDB(create bool) (*bolt.DB, os.FileInfo, error) {
-	db, info, err := boltfile.Open(s.path, boltfile.Options{LockTimeout: s.cfg.lockTimeout, Create: create, OpenFile: s.cfg.openFile})
+// newStoreNoFile is a Store with no file (unreadable and read-only): it writes nothing.
+func newStoreNoFile(path string, log *slog.Logger, cfg config) *Store {
+	return allocStore(path, log, cfg)
+}
+
+// setReadOnly makes the store write nothing until the file can be opened for writing: each
+// attempt fails with why, and first tries to reopen it writable.
+func (s *Store) setReadOnly(why error) {
+	s.mu.Lock()
+	s.readOnly, s.failing = true, true
+	s.lastError, s.lastErrorAt = why.Error(), time.Now()
+	s.mu.Unlock()
+	s.reopen = true
+}
+
+func (s *Store) isReadOnly() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.readOnly
+}
+
+// start marks the run marker open and starts the writer. now: a repair or a migration is
+// started at once rather than with the first write (OpenState; never on a read-only store,
+// where each attempt would be a failure). Open does not: OpenOrReset's Load must see the
+// file as it was, and moves it aside, unchanged, if it finds it damaged.
+func (s *Store) start(now bool) {
+	s.eager = now
+	if !s.readOnly && s.db != nil {
+		s.openRunMarker()
+		if now && (s.repair != nil || s.migrate) {
+			s.wake <- struct{}{}
+		}
+	}
+	go s.run()
+}
+
+// closeDB closes the file of a store whose writer never started.
+func (s *Store) closeDB() error {
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	s.db = nil
+	return err
+}
+
+// isReadOnlyErr: the errors of a file that may be read but not written (a read-only file
+// system, permissions).
+func isReadOnlyErr(err error) bool {
+	return errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) || errors.Is(err, fs.ErrPermission)
+}
+
+// openDB opens the file with bbolt, after checking what bbolt does not (boltfile.Check, and
+// on the first open boltfile.WalkTree), and
+// checks its layout. create: a missing file is created whole (createFile); a reopen must
+// find the file it had. allowRO: a file that cannot be opened for writing is opened
+// read-only, and roErr says why. A zero-length file, or one without the layout, is a
+// *CorruptError: this package never leaves one (it creates files whole), so it is
+// something else's, or damage, and is not silently taken as new.
+func (s *Store) openDB(create, allowRO bool) (db *bolt.DB, info os.FileInfo, roErr, err error) {
+	f, err := s.cfg.openFile(s.path, os.O_RDWR, 0o600)
+	if create && errors.Is(err, fs.ErrNotExist) {
+		if cerr := s.createFile(); cerr != nil && !errors.Is(cerr, fs.ErrExist) {
+			return nil, nil, nil, fmt.Errorf("state file %s: creating it: %w", s.path, cerr)
+		}
+		f, err = s.cfg.openFile(s.path, os.O_RDWR, 0o600)
+	}
+	if err != nil && allowRO && isReadOnlyErr(err) {
+		roErr = err
+		f, err = s.cfg.openFile(s.path, os.O_RDONLY, 0)
+	}
 	if err != nil {
-		return nil, nil, s.classifyOpen(err)
+		return nil, nil, nil, fmt.Errorf("state file %s: %w", s.path, err)
+	}
+	ro := roErr != nil
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close() // bbolt may have closed it already
+		}
+	}()
+	if info, err = f.Stat(); err != nil {
+		return nil, nil, nil, fmt.Errorf("state file %s: %w", s.path, err)
+	}
+	if !info.Mode().IsRegular() {
+		return nil, nil, nil, fmt.Errorf("state file %s: not a regular file (%s)", s.path, info.Mode().Type())
+	}
+	if err := boltfile.Lock(f, s.cfg.lockTimeout); err != nil {
+		return nil, nil, nil, s.classifyOpen(err)
+	}
+	if info, err = f.Stat(); err != nil { // again: its last holder may have written it meanwhile
+		return nil, nil, nil, fmt.Errorf("state file %s: %w", s.path, err)
+	}
+	switch {
+	case info.Size() == 0 && !create:
+		return nil, nil, nil, fmt.Errorf("state file %s: the file is empty now; not writing a partial state into it", s.path)
+	case info.Size() == 0:
+		return nil, nil, nil, &CorruptError{Path: s.path, Err: errors.New("the file is empty (zero length): not one this package made (it creates its files whole); a crash while an older release created it, or something else truncated it")}
+	case info.Size() < 2*1024: // two meta pages of bbolt's smallest page size
+		return nil, nil, nil, &CorruptError{Path: s.path, Err: fmt.Errorf("the file is %d bytes: truncated, or not a bbolt file", info.Size())}
+	case boltfile.Preflight:
+		if err := boltfile.Check(f, info.Size()); err != nil {
+			return nil, nil, nil, &CorruptError{Path: s.path, Err: err}
+		}
+		if create { // the first open (a reopen finds the file this package wrote)
+			s.lostCommit = boltfile.StaleMeta(f, info.Size())
+			bad, err := boltfile.WalkTree(f, info.Size(), string(formatBucket), string(clustersBucket))
+			switch {
+			case errors.Is(err, boltfile.ErrFreelistOverlap):
+				// Readable, but not writable as it is: opened read-only (bbolt then does
+				// not load the freelist), and OpenState rebuilds it.
+				s.salvage = &CorruptError{Path: s.path, Err: err}
+				ro = true
+			case err != nil:
+				return nil, nil, nil, &CorruptError{Path: s.path, Err: err}
+			}
+			s.badRoots = bad
+		}
+	}
+	opts := &bolt.Options{
+		Timeout:  s.cfg.lockTimeout,
+		ReadOnly: ro,
+		OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil },
+	}
+	err = s.guard(func() error {
+		var err error
+		db, err = bolt.Open(s.path, 0o600, opts)
+		return err
+	})
+	if err != nil {
+		return nil, nil, nil, s.classifyOpen(err)
 	}
 	// Checked in a read transaction: opening a good file writes nothing (a commit at start
 	// could fail on a full disk, and the hub must start then too).
@@ -246,41 +435,106 @@ func (s *Store) openDB(create bool) (*bolt.DB, os.FileInfo, error) {
 		if !create {
 			err = fmt.Errorf("state file %s: the file has been emptied; not writing a partial state into it", s.path)
 		} else {
-			err = db.Update(initLayout)
+			err = &CorruptError{Path: s.path, Err: errors.New("the file has no buckets: half-initialized (an older release crashed while creating it) or emptied; this package creates its files whole")}
 		}
 	}
 	if err != nil {
 		_ = db.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return db, info, nil
+	ok = true
+	return db, info, roErr, nil
 }
 
-// classifyOpen turns boltfile's errors into the package's: a damaged file, the file's lock,
-// an emptied file, and anything else (an I/O or permission error) as it is.
+// createFile creates the file whole: a temporary file beside it gets bbolt's pages, the
+// layout and empty digests in one commit (fsynced by bbolt), and is then linked into
+// place — a link, not a rename, so that a file another process created meanwhile is never
+// replaced (fs.ErrExist) — and the directory fsynced. A crash at any point leaves either no
+// file or a whole one (and maybe the temporary file, named <path>.new-*).
+func (s *Store) createFile() error {
+	tmp, err := s.writeTemp(nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(tmp) }()
+	if err := os.Link(tmp, s.path); err != nil {
+		return err
+	}
+	syncDir(filepath.Dir(s.path))
+	return nil
+}
+
+// writeTemp writes a whole new file beside the state file, in one commit: the layout,
+// then fill's writes (nil: none), and valid digests. The caller links it into place and
+// removes the temporary name.
+func (s *Store) writeTemp(fill func(tx *bolt.Tx) error) (string, error) {
+	tmp := fmt.Sprintf("%s.new-%d-%d", s.path, os.Getpid(), time.Now().UnixNano())
+	f, err := s.cfg.openFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", err
+	}
+	db, err := bolt.Open(tmp, 0o600, &bolt.Options{OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil }})
+	if err != nil {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return "", err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := initLayout(tx); err != nil {
+			return err
+		}
+		if fill != nil {
+			if err := fill(tx); err != nil {
+				return err
+			}
+			if err := recomputeDigests(tx); err != nil {
+				return err
+			}
+		}
+		fb, _, _, err := integrityBuckets(tx)
+		if err != nil {
+			return err
+		}
+		return setDigested(fb, tx)
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return "", err
+	}
+	return tmp, nil
+}
+
+// classifyOpen turns bbolt's errors into the package's: the file's lock, a file that is
+// not a bbolt file, and anything else (an I/O or permission error) as it is.
 func (s *Store) classifyOpen(err error) error {
+	var ce *CorruptError
 	switch {
-	case boltfile.IsDamaged(err):
-		return s.corrupt(err)
-	case errors.Is(err, boltfile.ErrLocked):
+	case errors.As(err, &ce):
+		return err
+	case errors.Is(err, boltfile.ErrLocked), errors.Is(err, berrors.ErrTimeout):
 		return fmt.Errorf("state file %s: %w; gave up after %s", s.path, ErrLocked, s.cfg.lockTimeout)
-	case errors.Is(err, boltfile.ErrEmpty):
-		return fmt.Errorf("state file %s: the file is empty now; not writing a partial state into it", s.path)
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum):
+		return &CorruptError{Path: s.path, Err: fmt.Errorf("not a bbolt file, or both of its meta pages are damaged (%v)", err)}
+	case errors.Is(err, berrors.ErrVersionMismatch):
+		return &CorruptError{Path: s.path, Err: fmt.Errorf("a bbolt file of another bbolt version (%v)", err)}
 	}
 	return fmt.Errorf("state file %s: %w", s.path, err)
 }
 
-// guard runs f behind boltfile.Guard: a panic or a memory fault of bbolt's on a bad file is
-// a *CorruptError, and must not take the hub down (on every restart).
-func (s *Store) guard(f func() error) error { return s.corrupt(boltfile.Guard(f)) }
-
-// corrupt names the file in the damage boltfile reports.
-func (s *Store) corrupt(err error) error {
-	var de *boltfile.DamagedError
-	if errors.As(err, &de) {
-		return &CorruptError{Path: s.path, Err: de.Err}
-	}
-	return err
+// guard runs f, turning a panic or a memory fault in it into a *CorruptError: bbolt panics
+// on pages that do not make sense and faults on pages past the file's end, and a bad file
+// must not take the hub down (on every restart).
+func (s *Store) guard(f func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = &CorruptError{Path: s.path, Err: fmt.Errorf("bbolt failed on it: %v", r)}
+		}
+	}()
+	return f()
 }
 
 // checkLayout checks the top-level buckets and the format version. empty: the file has no
@@ -362,8 +616,8 @@ func openOrReset(path string, log *slog.Logger, cfg config) (*Store, map[string]
 	if !errors.As(err, &ce) {
 		return nil, nil, nil, err
 	}
-	moved, rerr := boltfile.MoveAside(path)
-	if rerr != nil {
+	moved := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if rerr := os.Rename(path, moved); rerr != nil {
 		return nil, nil, nil, fmt.Errorf("%w; moving it aside failed: %v", err, rerr)
 	}
 	reset := &ResetError{MovedTo: moved, Err: ce}
@@ -391,9 +645,13 @@ func (s *Store) Load() (map[string]*Cluster, error) {
 		}
 		return nil, fmt.Errorf("state file %s: not open (reopening it after a failed write failed: %s)", s.path, s.Stats().LastError)
 	}
-	out := map[string]*Cluster{}
+	var r *scanResult
 	err := s.guard(func() error {
-		return s.db.View(func(tx *bolt.Tx) error { return s.load(tx, out) })
+		return s.db.View(func(tx *bolt.Tx) error {
+			var err error
+			r, err = s.scan(tx)
+			return err
+		})
 	})
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return nil, ErrClosed
@@ -401,65 +659,10 @@ func (s *Store) Load() (map[string]*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
-}
-
-func (s *Store) load(tx *bolt.Tx, out map[string]*Cluster) error {
-	cb, mb := tx.Bucket(clustersBucket), tx.Bucket(metaBucket)
-	if cb == nil || mb == nil {
-		return &CorruptError{Path: s.path, Err: errors.New("the clusters or meta bucket is missing")}
+	if ce := r.first(); ce != nil {
+		return nil, ce
 	}
-	get := func(name string) *Cluster {
-		c := out[name]
-		if c == nil {
-			c = &Cluster{Collections: map[string]map[string]*mcp.Entry{}}
-			out[name] = c
-		}
-		return c
-	}
-	err := cb.ForEach(func(ck, v []byte) error {
-		cluster := string(ck)
-		if v != nil {
-			return &CorruptError{Path: s.path, Cluster: cluster, Err: errors.New("a value where a cluster's bucket belongs")}
-		}
-		c := get(cluster)
-		return cb.Bucket(ck).ForEach(func(colk, v []byte) error {
-			coll := string(colk)
-			if v != nil {
-				return &CorruptError{Path: s.path, Cluster: cluster, Collection: coll, Err: errors.New("a value where a collection's bucket belongs")}
-			}
-			held := map[string]*mcp.Entry{}
-			c.Collections[coll] = held
-			scratch := new(mcpapi.Resource)
-			return cb.Bucket(ck).Bucket(colk).ForEach(func(nk, v []byte) error {
-				name := string(nk)
-				if v == nil {
-					return &CorruptError{Path: s.path, Cluster: cluster, Collection: coll, Name: name, Err: errors.New("a bucket where a resource belongs")}
-				}
-				e, err := decodeRecord(name, bytes.Clone(v), scratch) // bbolt's bytes live only as long as the transaction
-				if err != nil {
-					return &CorruptError{Path: s.path, Cluster: cluster, Collection: coll, Name: name, Err: err}
-				}
-				held[name] = e
-				return nil
-			})
-		})
-	})
-	if err != nil {
-		return err
-	}
-	return mb.ForEach(func(ck, v []byte) error {
-		cluster := string(ck)
-		if v == nil {
-			return &CorruptError{Path: s.path, Cluster: cluster, Err: errors.New("a bucket where the cluster's metadata belongs")}
-		}
-		m, err := decodeMeta(v)
-		if err != nil {
-			return &CorruptError{Path: s.path, Cluster: cluster, Err: fmt.Errorf("metadata: %w", err)}
-		}
-		get(cluster).Meta = m
-		return nil
-	})
+	return r.clusters, nil
 }
 
 // Flush waits until every write enqueued before it is on disk (committed and fsynced), or
@@ -527,6 +730,13 @@ func (s *Store) Close() error {
 		}
 		s.db = nil
 	}
+	// "closed" only when everything reached the file; else the marker keeps "failing" (or
+	// "open"): the next start must not take this file as current.
+	if err == nil {
+		s.closeRunMarker(runClosed)
+	} else {
+		s.closeRunMarker(runFailing)
+	}
 	return err
 }
 
@@ -537,5 +747,5 @@ func (s *Store) Stats() Stats {
 	return Stats{Path: s.path, Queued: s.pending.n + s.inflight, Coalesced: s.coalesced, Refused: s.refused,
 		Dropped: s.dropped, Batches: s.batches, Written: s.written, LastCommit: s.lastCommit,
 		LastCommitDuration: s.lastCommitDuration, LastBatch: s.lastBatch, Failures: s.failures,
-		Failing: s.failing, LastError: s.lastError, LastErrorAt: s.lastErrorAt, FileSize: s.fileSize}
+		Failing: s.failing, LastError: s.lastError, LastErrorAt: s.lastErrorAt, FileSize: s.fileSize, ReadOnly: s.readOnly}
 }

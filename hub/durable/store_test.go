@@ -251,7 +251,7 @@ func goodFile(t *testing.T, resources int) string {
 }
 
 // edit changes a state file with bbolt itself, as something other than this package.
-func edit(t *testing.T, path string, f func(tx *bolt.Tx) error) {
+func edit(t testing.TB, path string, f func(tx *bolt.Tx) error) {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
@@ -333,7 +333,7 @@ func TestCorruptFiles(t *testing.T) {
 			db.Close()
 			overwritePage(t, path, int64(page), int64(ps))
 			return path
-		}, []string{"bbolt failed on it"}},
+		}, []string{"the root bucket's tree", "says it is page"}}, // walkTree, before bbolt reads it
 		{"a collection's page overwritten", func(t *testing.T) string {
 			path := goodFile(t, 300)
 			var page uint64
@@ -349,7 +349,7 @@ func TestCorruptFiles(t *testing.T) {
 			db.Close()
 			overwritePage(t, path, int64(page), int64(ps))
 			return path
-		}, []string{"bbolt failed on it"}},
+		}, []string{`cluster "east", collection "` + vs + `": unreadable: its tree is damaged`}},
 		{"a record that is not a resource", func(t *testing.T) string {
 			path := goodFile(t, 3)
 			edit(t, path, putRaw([]string{"clusters", "east", vs, "ns/bad"}, []byte("not a resource")))
@@ -459,7 +459,7 @@ func overwritePage(t *testing.T, path string, page, size int64) {
 	writeFile(t, path, b)
 }
 
-func writeFile(t *testing.T, path string, b []byte) {
+func writeFile(t testing.TB, path string, b []byte) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		t.Fatal(err)

@@ -116,22 +116,60 @@ func (s *Store) run() {
 
 // write commits b, reopening the file first if the last commit failed.
 func (s *Store) write(b *batch) error {
+	if s.unwritable != nil && (b.n > 0 || s.eager && (s.repair != nil || s.migrate)) {
+		return s.unwritable
+	}
 	if s.reopen {
 		if err := s.reopenDB(); err != nil {
 			return err
 		}
 		s.reopen = false
 	}
-	if b.n == 0 {
+	if b.n == 0 && (!s.eager || s.repair == nil && !s.migrate) {
 		return nil
 	}
+	repair := s.repair
 	err := s.guard(func() error {
 		return s.db.Update(func(tx *bolt.Tx) error { return s.commit(tx, b) })
 	})
 	if err != nil {
 		s.reopen = true
+		var re *errRepair
+		var ce *CorruptError
+		if repair != nil && (errors.As(err, &re) || errors.As(err, &ce)) {
+			// The repair's own failure, or bbolt panicking on what it moves: left as it is
+			// rather than failing every commit after it. The hub was told (State.Damaged);
+			// the next start finds the same damage.
+			s.log.Error("state file: cannot repair the damage found at open; leaving it as it is", "file", s.path, "err", err)
+			s.repair = nil
+			if len(s.badRoots) > 0 {
+				// Damaged trees are still linked, and a commit could walk into one (bbolt
+				// loops on a page loop): nothing more is written.
+				s.unwritable = fmt.Errorf("state file %s: not writing: the repair of its damaged trees failed (%v); restart the hub", s.path, err)
+			}
+		}
+		return err
 	}
-	return err
+	s.migrate = false
+	if repair != nil {
+		s.repair = nil
+		s.log.Warn("state file: damage quarantined: each damaged cluster's old bucket was moved into the quarantine, what could be read of it written back, and the cluster marked damaged until the hub repairs it",
+			"file", s.path, "what", repair.summary)
+		var trimmed int
+		terr := s.guard(func() error {
+			return s.db.Update(func(tx *bolt.Tx) error {
+				var err error
+				trimmed, err = trimQuarantine(tx, s.badRoots)
+				return err
+			})
+		})
+		if terr != nil {
+			s.log.Warn("state file: cannot trim the quarantine; its oldest entries stay", "file", s.path, "err", terr)
+		} else if trimmed > 0 {
+			s.log.Info("state file: oldest quarantine entries deleted", "file", s.path, "deleted", trimmed, "kept", maxQuarantine)
+		}
+	}
+	return nil
 }
 
 // reopenDB closes and reopens the file after a failed commit. bbolt rolls a failed commit
@@ -142,21 +180,40 @@ func (s *Store) write(b *batch) error {
 // must find the same file, not empty: writing only the latest changes into a new file would
 // make it claim a state it does not hold.
 func (s *Store) reopenDB() error {
+	readOnly := s.isReadOnly()
+	if readOnly {
+		// Read-only: can it be written now (a file system remounted read-write)? Asked before
+		// closing the read-only handle, which keeps the file loaded and locked meanwhile.
+		f, err := s.cfg.openFile(s.path, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("state file %s: read-only, nothing is written: %w", s.path, err)
+		}
+		_ = f.Close()
+	}
 	s.dbMu.Lock()
 	defer s.dbMu.Unlock()
 	if s.db != nil {
 		_ = s.db.Close() // a handle that failed may fail to close too; the file is what matters
 		s.db = nil
 	}
-	db, info, err := s.openDB(false)
+	db, info, _, err := s.openDB(false, false)
 	if err != nil {
 		return fmt.Errorf("reopening after a failed write: %w", err)
 	}
-	if !os.SameFile(info, s.file) {
+	if s.file == nil || !os.SameFile(info, s.file) {
 		_ = db.Close()
 		return fmt.Errorf("state file %s: reopening after a failed write found another file at its path; not writing a partial state into it (restart the hub)", s.path)
 	}
 	s.db = db
+	if readOnly {
+		s.mu.Lock()
+		s.readOnly = false
+		s.mu.Unlock()
+		s.log.Warn("state file: writable again; writing what is queued", "file", s.path)
+		s.openRunMarker()
+		s.markRun(runFailing) // until what is queued is on disk
+		s.migrate = true      // the digests are checked (and computed if need be) by the commit
+	}
 	return nil
 }
 
@@ -169,9 +226,31 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			return err
 		}
 	}
+	keep := !s.cfg.noDigests
+	// Damage found at open first, or digests that are not the last commit's (a migration):
+	// the batch's digests are kept from theirs.
+	if valid, present := digestsValid(tx); !keep {
+	} else if s.repair != nil {
+		if err := s.repair.apply(tx); err != nil {
+			return &errRepair{err}
+		}
+	} else if !valid {
+		if err := recomputeDigests(tx); err != nil {
+			return fmt.Errorf("computing the integrity digests: %w", err)
+		}
+		if present {
+			s.log.Warn("state file: its integrity digests were stale (the file was written by something else since, e.g. an older release): recomputed; damage from before this could not be detected", "file", s.path)
+		} else {
+			s.log.Info("state file: computing its integrity digests (a file written before they existed: a one-time migration)", "file", s.path)
+		}
+	}
 	cb, mb := tx.Bucket(clustersBucket), tx.Bucket(metaBucket)
 	if cb == nil || mb == nil {
 		return &CorruptError{Path: s.path, Err: errors.New("the clusters or meta bucket is missing")}
+	}
+	fb, digests, damaged, err := integrityBuckets(tx)
+	if err != nil {
+		return err
 	}
 	for cluster, c := range b.clusters {
 		key := []byte(cluster)
@@ -182,6 +261,20 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			if err := mb.Delete(key); err != nil {
 				return fmt.Errorf("cluster %q: %w", cluster, err)
 			}
+			if err := deleteClusterDigests(digests, cluster); err != nil {
+				return fmt.Errorf("cluster %q: digests: %w", cluster, err)
+			}
+			if err := damaged.Delete(key); err != nil {
+				return fmt.Errorf("cluster %q: damage mark: %w", cluster, err)
+			}
+		}
+		if c.markClear {
+			if err := damaged.Delete(key); err != nil {
+				return fmt.Errorf("cluster %q: damage mark: %w", cluster, err)
+			}
+		}
+		if err := addMark(damaged, cluster, c.markAdd, time.Now()); err != nil {
+			return fmt.Errorf("cluster %q: damage mark: %w", cluster, err)
 		}
 		kb := cb.Bucket(key)
 		for coll, m := range c.colls {
@@ -193,18 +286,32 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			if kb != nil {
 				colb = kb.Bucket(collKey)
 			}
+			// The collection's digest moves by each key's old and new value, read here in
+			// the same transaction: what the file holds and what its digest says change
+			// together or not at all.
+			var delta digest
 			// In key order: bbolt keeps a node's keys in a slice until the commit splits it,
 			// so each insert in map order shifts half of it: quadratic in a large first push
 			// (see the package doc's Writing).
 			for _, name := range slices.Sorted(maps.Keys(m)) {
 				v := m[name]
+				var old []byte
+				if colb != nil && keep {
+					old = colb.Get([]byte(name))
+				}
+				if old != nil {
+					delta.sub(name, old)
+				}
 				if v == nil {
-					if colb != nil {
+					if colb != nil && (old != nil || !keep) {
 						if err := colb.Delete([]byte(name)); err != nil {
 							return fmt.Errorf("cluster %q, collection %q, resource %q: %w", cluster, coll, name, err)
 						}
 					}
 					continue
+				}
+				if keep {
+					delta.add(name, v)
 				}
 				if colb == nil {
 					var err error
@@ -226,6 +333,21 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 					return fmt.Errorf("cluster %q, collection %q: %w", cluster, coll, err)
 				}
 			}
+			if delta != (digest{}) {
+				dk := digestKey(cluster, kindResources, coll)
+				d, _ := decodeDigest(digests.Get(dk)) // none: zero
+				d.count += delta.count
+				d.sum += delta.sum
+				var err error
+				if d.count == 0 && d.sum == 0 {
+					err = digests.Delete(dk)
+				} else {
+					err = digests.Put(dk, d.bytes())
+				}
+				if err != nil {
+					return fmt.Errorf("cluster %q, collection %q: digest: %w", cluster, coll, err)
+				}
+			}
 		}
 		if kb != nil && isEmpty(kb) {
 			if err := cb.DeleteBucket(key); err != nil {
@@ -236,9 +358,19 @@ func (s *Store) commit(tx *bolt.Tx, b *batch) error {
 			if err := mb.Put(key, c.meta); err != nil {
 				return fmt.Errorf("cluster %q: metadata: %w", cluster, err)
 			}
+			if keep {
+				var d digest
+				d.add("", c.meta)
+				if err := digests.Put(digestKey(cluster, kindMeta, ""), d.bytes()); err != nil {
+					return fmt.Errorf("cluster %q: metadata digest: %w", cluster, err)
+				}
+			}
 		}
 	}
-	return nil
+	if !keep {
+		return nil
+	}
+	return setDigested(fb, tx)
 }
 
 func isEmpty(b *bolt.Bucket) bool {
@@ -252,7 +384,7 @@ func isEmpty(b *bolt.Bucket) bool {
 // stays within the names held (in the hub or in the file) plus one retry interval's churn.
 // The file cannot change meanwhile: only the writer commits.
 func (s *Store) prune(b *batch) {
-	if s.db == nil {
+	if s.db == nil || s.repair != nil || s.unwritable != nil { // damaged trees may still be linked
 		return
 	}
 	pruned := 0
@@ -287,23 +419,38 @@ func (s *Store) prune(b *batch) {
 // of them), and the recovery, so a disk that stays full does not flood the log while Stats
 // counts every attempt.
 type failureLog struct {
-	kinds    map[string]bool
-	since    time.Time
-	attempts int
+	kinds          map[string]bool
+	since, lastLog time.Time
+	attempts       int
 }
 
 const maxLoggedKinds = 8
 
+// failureReminder: while writes keep failing, a line this often says so (with how many
+// attempts and since when), so that a failure that began before the log was looked at is
+// still in the recent log.
+const failureReminder = 10 * time.Minute
+
 func (fl *failureLog) failed(s *Store, err error, queued int, retry time.Duration) {
 	if fl.attempts == 0 {
 		fl.since = time.Now()
+		fl.lastLog = fl.since
 		fl.kinds = map[string]bool{}
+		// The run marker says so at once: a process killed from here on leaves a file that
+		// may be older than what the hub served (State.Failing at the next start).
+		s.markRun(runFailing)
 	}
 	fl.attempts++
 	kind := errorKind(err)
 	switch {
 	case fl.kinds[kind]:
+		if time.Since(fl.lastLog) >= failureReminder {
+			fl.lastLog = time.Now()
+			s.log.Error("state file: writes still fail", "file", s.path, "err", err, "queued", queued,
+				"failed_attempts", fl.attempts, "failing_for", time.Since(fl.since).Round(time.Second))
+		}
 	case len(fl.kinds) < maxLoggedKinds:
+		fl.lastLog = time.Now()
 		fl.kinds[kind] = true
 		s.log.Error("state file: cannot write; the latest state of every key is kept in memory and retried (logged once per kind of error)",
 			"file", s.path, "err", err, "queued", queued, "retry_in", retry)
@@ -315,8 +462,12 @@ func (fl *failureLog) failed(s *Store, err error, queued int, retry time.Duratio
 
 func (fl *failureLog) recovered(s *Store) {
 	if fl.attempts == 0 {
+		if s.runWord == runFailing { // writable again after read-only
+			s.markRun(runOpen)
+		}
 		return
 	}
+	s.markRun(runOpen) // the commit that recovered is on disk: the file is current again
 	s.log.Info("state file: writes recovered", "file", s.path, "failed_attempts", fl.attempts, "failing_for", time.Since(fl.since).Round(time.Millisecond))
 	*fl = failureLog{}
 }

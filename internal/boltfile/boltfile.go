@@ -133,7 +133,8 @@ func Open(path string, o Options) (*bolt.DB, os.FileInfo, error) {
 	return db, info, nil
 }
 
-// checkSize refuses what cannot be a bbolt file, and runs checkFile on what may be one.
+// checkSize refuses what cannot be a bbolt file, and runs checkFile and WalkTree on what
+// may be one.
 func checkSize(f *os.File, size int64, create bool) error {
 	switch {
 	case size == 0 && !create:
@@ -144,6 +145,18 @@ func checkSize(f *os.File, size int64, create bool) error {
 		return Damaged("the file is %d bytes: truncated, or not a bbolt file", size)
 	case preflight:
 		if err := checkFile(f, size); err != nil {
+			return &DamagedError{Err: err}
+		}
+		// A damaged tree can make bbolt loop forever, which no guard catches: an owner
+		// that has no use for the rest of a file with one takes the file as damaged.
+		bad, err := WalkTree(f, size)
+		if err == nil && len(bad) > 0 {
+			for root, why := range bad {
+				err = fmt.Errorf("the tree at page %d: %s", root, why)
+				break
+			}
+		}
+		if err != nil {
 			return &DamagedError{Err: err}
 		}
 	}
@@ -190,3 +203,23 @@ func MoveAside(path string) (string, error) {
 	}
 	return moved, nil
 }
+
+// The primitives Open is made of, for an owner that opens its bbolt file its own way (the
+// hub's state file: a read-only fallback, a tree walk, a rebuild).
+
+// Lock takes f's exclusive lock (the one bbolt takes), before anything reads it, or
+// returns ErrLocked after timeout.
+func Lock(f *os.File, timeout time.Duration) error { return lockFile(f, timeout) }
+
+// Check reads f's meta and freelist pages with plain reads and refuses what bbolt would
+// fault or panic on while opening it (see checkFile). The caller holds f's lock; where
+// files are not locked (Preflight is false) it must not run.
+func Check(f *os.File, size int64) error { return checkFile(f, size) }
+
+// StaleMeta says why bbolt, reading f, may be one commit behind its last ("" if not): one
+// of its two meta pages is damaged and it reads the other.
+func StaleMeta(f *os.File, size int64) string { return staleMeta(f, size) }
+
+// Preflight reports whether Check and WalkTree run here: where files are locked (unix), so
+// that they read a file no other process writes.
+const Preflight = preflight

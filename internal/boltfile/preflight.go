@@ -80,6 +80,32 @@ type meta struct {
 	root, freelist, pgid, txid uint64
 }
 
+// staleMeta says why bbolt, reading the file, may be one commit behind its last ("" if
+// not): bbolt writes each commit's meta page to slot txid%2, and when one of the two is
+// damaged (its checksum: a flipped bit, a torn write at power loss) it reads the other
+// without a word. If the damaged one is the newer, the last commit's writes are missing —
+// however many a commit carried — and the file holds the state before it: a valid state,
+// older than what the hub served. The damaged slot's own txid says which it was, when it is
+// readable: the transaction before the one read is the older page, and nothing is lost.
+func staleMeta(f *os.File, size int64) string {
+	m, ok := bestMeta(f, size)
+	if !ok {
+		return ""
+	}
+	ps := int64(m.pageSize)
+	_, ok0 := readMeta(f, 0)
+	_, ok1 := readMeta(f, ps)
+	if ok0 && ok1 {
+		return ""
+	}
+	slot := int64(1 - m.txid%2) // the damaged page's
+	var b [pageHeaderSize + metaSize]byte
+	if _, err := f.ReadAt(b[:], slot*ps); err == nil && m.txid > 0 && ne.Uint64(b[pageHeaderSize+48:]) == m.txid-1 {
+		return "" // the older page: the file is at its last commit (the next one rewrites that page)
+	}
+	return fmt.Sprintf("bbolt's meta page %d is damaged and it reads page %d, transaction %d: the file's last commit may have been transaction %d, and what it wrote is then missing", slot, 1-slot, m.txid, m.txid+1)
+}
+
 // readMeta reads the meta page at off; ok if it is valid (magic, version, checksum).
 func readMeta(f *os.File, off int64) (meta, bool) {
 	var b [pageHeaderSize + metaSize]byte
@@ -129,3 +155,24 @@ func bestMeta(f *os.File, size int64) (meta, bool) {
 	}
 	return meta{}, false
 }
+
+// Meta is what a bbolt file's newest valid meta page says: its page size, the root
+// bucket's page, the freelist's page, the file's page count and the last transaction.
+// Tests that damage a file on purpose find its pages with it.
+type Meta struct {
+	PageSize                   uint32
+	Root, Freelist, Pgid, Txid uint64
+}
+
+// FileMeta reads f's newest valid meta page (ok false: neither is valid).
+func FileMeta(f *os.File, size int64) (Meta, bool) {
+	m, ok := bestMeta(f, size)
+	return Meta{PageSize: m.pageSize, Root: m.root, Freelist: m.freelist, Pgid: m.pgid, Txid: m.txid}, ok
+}
+
+// The page layout's constants a test needs to damage a file on purpose: a page's header
+// size, and the flag of a branch page.
+const (
+	PageHeaderSize = pageHeaderSize
+	BranchPageFlag = branchPageFlag
+)
