@@ -111,8 +111,7 @@ func departedTenants(comp *compiled) map[string]string {
 // an operator may do.
 func (h *Hub) depart(cs *clusterState, d departure) int {
 	cs.mu.Lock()
-	cs.departed = &d
-	h.knownLocked(cs, "it left the configuration, holding what was read of it")
+	cs.departed = &d // if its last state is unknown, it stays so: what it had is still not known
 	cs.mu.Unlock()
 	closed := cs.closeSessions()
 	h.layer.ClusterRemoved(cs.name)
@@ -139,7 +138,7 @@ func (h *Hub) forgetDeparted(name string) bool {
 	h.configMu.Lock()
 	cur := h.current()
 	cs := h.cluster(name)
-	if !cur.comp.departed[name] || cs == nil || h.store.count(cs.data) > 0 {
+	if !cur.comp.departed[name] || cs == nil || h.store.count(cs.data) > 0 || cs.isUnknown() {
 		h.configMu.Unlock()
 		return false
 	}

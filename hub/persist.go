@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -36,44 +37,61 @@ import (
 // StateFile is the file, under stateDir, holding the clusters' last-known state.
 const StateFile = "clusters.db"
 
-// openState opens the state file and restores what it holds into the store. A corrupt or
-// unreadable file is moved aside, reported, and the hub starts from the minions; a file
-// another hub holds is an error (two hubs on one state directory would overwrite each
-// other's state).
+// openState opens the state file and restores what it holds into the store. What it cannot
+// vouch for is unknown, never empty (unknown.go): a file that could not be read or opened
+// leaves every configured cluster unknown; a cluster whose records are damaged is; and so is
+// every cluster the file holds when the hub stopped while its writes were failing, or when
+// the file lost its last commit. After an unclean stop otherwise (a kill), a cluster that
+// was connected may lack its last changes (at most a commit interval's), and with a
+// read-only file any cluster may lack what the last run could not write: the warm-up waits
+// for their minions before they count. A file another hub holds is an error (two hubs on
+// one state directory would overwrite each other's state).
 func (h *Hub) openState() error {
 	if !h.cfg.Persist {
 		return nil
 	}
 	path := filepath.Join(h.cfg.StateDir, StateFile)
-	st, state, reset, err := durable.OpenOrReset(path, h.log.With("state", path), h.stateFaults)
+	st, state, err := durable.OpenState(path, h.log.With("state", path), h.stateFaults)
 	if errors.Is(err, durable.ErrLocked) {
 		return fmt.Errorf("stateDir: %w (another hub uses %s)", err, path)
 	}
 	if err != nil {
-		h.log.Error("cannot keep the clusters' state: running without it (a restart starts from the minions)", "path", path, "err", err)
+		h.log.Error("cannot keep the clusters' state: running without it; what it held is unknown until each cluster's minion resyncs", "path", path, "err", err)
 		h.stateErr.Store(&err)
+		for _, cs := range h.clusterList() {
+			h.markUnknown(cs, "the state file could not be opened: "+err.Error())
+		}
 		return nil
 	}
-	if reset != nil { // package durable logged where it moved the file
-		h.log.Error("the state file could not be read: starting from the minions", "err", reset)
+	if state.ReadOnly {
+		h.log.Error("the state file is read-only: what it held is served, and nothing is kept until it is writable", "path", path)
 	}
-	names := make([]string, 0, len(state))
-	for name := range state {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+	unknown := h.unknownAtStart(state)
+	names := slices.Sorted(maps.Keys(state.Clusters))
 	h.keepDeparted(state, st)
 	for _, name := range names {
-		c := state[name]
+		c := state.Clusters[name]
 		if h.cluster(name) == nil {
-			st.DropCluster(name) // a cluster of a tenant no longer configured: it left with its tenant
-			h.log.Warn("state file: a cluster whose tenant is no longer configured is forgotten", "cluster", name, "tenant", c.Tenant)
+			// A cluster of a tenant no longer configured (it left with its tenant), or a
+			// name damage made up.
+			st.DropCluster(name)
+			h.log.Warn("state file: a cluster the configuration does not have is forgotten", "cluster", name, "tenant", c.Tenant, "damaged", state.Damaged[name])
 			continue
 		}
-		n, refused, present := h.restoreCluster(name, c, st)
+		// It may lack its last changes (a kill while it was connected: at most a commit
+		// interval's; a read-only file: whatever the last run could not write): the warm-up
+		// waits for its minion before it counts.
+		mayLack := state.Unclean && c.Connected || state.ReadOnly
+		n, refused, present := h.restoreCluster(name, c, st, mayLack)
 		h.log.Info("cluster restored from the state file: served until its own session replaces it",
 			"cluster", name, "resources", n, "refused", refused, "last_contact", c.LastContact, "synced", c.Synced, "epoch", c.Epoch,
 			"counts_as_synced", present)
+	}
+	for _, name := range slices.Sorted(maps.Keys(unknown)) {
+		if cs := h.cluster(name); cs != nil && !cs.isDeparted() {
+			h.markUnknown(cs, unknown[name])
+			st.MarkDamaged(name, unknown[name]) // a second restart remembers: the file cannot vouch for it
+		}
 	}
 	// Ownership as a reload re-checks it: what the configuration no longer allows is
 	// withdrawn, and forgotten by the file too, unless that would exceed a cluster's
@@ -91,17 +109,50 @@ func (h *Hub) openState() error {
 	return nil
 }
 
+// unknownAtStart says which clusters' last state the state file cannot vouch for, and why:
+// every configured cluster when the file could not be read; a cluster whose records are
+// damaged; every cluster it holds when the hub stopped while its writes were failing, or when
+// it lost its last commit.
+func (h *Hub) unknownAtStart(state *durable.State) map[string]string {
+	out := map[string]string{}
+	if r := state.Reset; r != nil {
+		why := fmt.Sprintf("the state file could not be read (%v)", r.Err)
+		if r.MovedTo != "" {
+			why += "; it was moved to " + r.MovedTo
+		}
+		for _, name := range h.ClusterNames() {
+			out[name] = why
+		}
+	}
+	stale := ""
+	switch {
+	case state.LastCommitLost != "":
+		stale = "the state file lost its last commit: " + state.LastCommitLost
+	case state.Failing:
+		stale = "the hub stopped while its state file's writes were failing: it may hold an older state than was served"
+	}
+	if stale != "" {
+		for name := range state.Clusters {
+			out[name] = stale
+		}
+	}
+	for name, why := range state.Damaged {
+		out[name] = "its state in the state file is damaged: " + why
+	}
+	return out
+}
+
 // keepDeparted keeps the clusters of the state file that the configuration the hub starts
 // with does not have (departure.go): a typo arriving with a restart must not withdraw what
 // the cluster published. Each is kept under the tenant it belonged to; one whose tenant is
 // not configured either has no place, and is not kept.
-func (h *Hub) keepDeparted(state map[string]*durable.Cluster, st *durable.Store) {
+func (h *Hub) keepDeparted(state *durable.State, st *durable.Store) {
 	cur := h.current()
 	keep := departedTenants(cur.comp)
 	var added []string
-	for name, c := range state {
-		if cur.comp.known(name) || len(c.Collections) == 0 {
-			continue
+	for name, c := range state.Clusters {
+		if cur.comp.known(name) || len(c.Collections) == 0 || state.Damaged[name] != "" {
+			continue // a damaged name (one damage made up) is not kept as a cluster
 		}
 		keep[name] = c.Tenant // "" without tenants: at the top level
 		added = append(added, name)
@@ -137,7 +188,7 @@ func (h *Hub) keepDeparted(state map[string]*durable.Cluster, st *durable.Store)
 // can receive), and collections the hub no longer asks the cluster for, are refused and
 // removed from st; ownership is re-checked after (openState). A whole state counts as
 // synced if the layer says so (present).
-func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store) (restored, refused int, present bool) {
+func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store, mayLack bool) (restored, refused int, present bool) {
 	cs := h.cluster(name)
 	comp := h.current().comp
 	rejections := map[string]map[string]string{}
@@ -179,7 +230,7 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store)
 	if last.IsZero() {
 		last = h.now()
 	}
-	present = c.Synced && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
+	present = c.Synced && !mayLack && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, present, true
@@ -286,7 +337,7 @@ func (h *Hub) saveMetaLocked(cs *clusterState) {
 	} else if comp := h.current().comp; !comp.tenants.Single() {
 		tenant = comp.tenants.OfCluster(cs.name)
 	}
-	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced || cs.unconfirmed, Epoch: cs.epoch, Tenant: tenant})
+	st.SetMeta(cs.name, durable.Meta{LastContact: last, Synced: cs.synced || cs.unconfirmed, Epoch: cs.epoch, Tenant: tenant, Connected: cs.connected > 0})
 }
 
 // saveContacts refreshes the last contact of the connected clusters in the state file

@@ -97,7 +97,9 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		case inNext[name]:
 		case old.comp.departed[name]:
 			keep[name] = old.comp.tenants.OfCluster(name)
-		case h.cluster(name) == nil || h.store.count(h.cluster(name).data) == 0:
+		case h.cluster(name) == nil || h.store.count(h.cluster(name).data) == 0 && !h.cluster(name).isUnknown():
+			// It leaves with nothing, and nothing unknown: what a cluster whose last state
+			// is unknown had is kept unknown (departing), until an operator confirms.
 		case renamedTo(old.comp, nextComp, name) != "":
 			renames[name] = renamedTo(old.comp, nextComp, name)
 		default:

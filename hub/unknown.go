@@ -81,6 +81,9 @@ func (h *Hub) knownLocked(cs *clusterState, how string) {
 	h.unknown.Add(-1)
 	if !cs.removed {
 		h.metrics.stateUnknown(cs.name, false)
+		if st := h.state.Load(); st != nil {
+			st.Repaired(cs.name) // the file holds what the hub now knows of it
+		}
 	}
 	cs.log.Info("cluster's state known again: its tenant's sinks are served", "how", how)
 }
@@ -104,7 +107,10 @@ func unknownBreaker(why string, n int) *api.Breaker {
 // must be the one its status showed (unknownBreaker).
 func (h *Hub) releaseUnknown(cs *clusterState, operator, digest string) (api.BreakerRelease, bool, error) {
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
+	defer func() {
+		cs.mu.Unlock()
+		h.forgetDeparted(cs.name) // a departed one that held nothing known leaves for good
+	}()
 	if cs.unknown == "" {
 		return api.BreakerRelease{}, false, nil
 	}
@@ -116,4 +122,10 @@ func (h *Hub) releaseUnknown(cs *clusterState, operator, digest string) (api.Bre
 	h.note(api.Event{Kind: api.EventBreaker, Cluster: cs.name, Reason: api.ReasonReleased,
 		Message: fmt.Sprintf("released by operator %s: what was read of its unknown last state is served", operator)})
 	return api.BreakerRelease{Cluster: cs.name, Operator: operator, Deleted: map[string]int{}}, true, nil
+}
+
+func (cs *clusterState) isUnknown() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.unknown != ""
 }

@@ -85,11 +85,15 @@ type Meta struct {
 	// configuration no longer has the cluster keeps it under that tenant until an operator
 	// confirms its removal.
 	Tenant string
+	// Connected: a session of the cluster was open when this was written. A restart after
+	// an unclean stop (State.Unclean) cannot tell whether the cluster's last changes, made
+	// while it was connected, reached the file.
+	Connected bool
 }
 
 // metaVersion is the version of Meta's encoding, inside the record itself so that a record
 // can be told from another encoding without trusting the file's marker alone. Version 1
-// (before Tenant) is still read.
+// (before Tenant and Connected) is still read.
 const metaVersion = 2
 
 // metaRecord is Meta's encoding: JSON, so that a file can be read with bbolt's own tool when
@@ -101,11 +105,12 @@ type metaRecord struct {
 	Synced      bool      `json:"synced,omitempty"`
 	Epoch       uint64    `json:"epoch,omitempty"`
 	Tenant      string    `json:"tenant,omitempty"`
+	Connected   bool      `json:"connected,omitempty"`
 }
 
 // encodeMeta encodes m; it fails only for a LastContact whose year is outside 0–9999.
 func encodeMeta(m Meta) ([]byte, error) {
-	r := metaRecord{V: metaVersion, Synced: m.Synced, Epoch: m.Epoch, Tenant: m.Tenant}
+	r := metaRecord{V: metaVersion, Synced: m.Synced, Epoch: m.Epoch, Tenant: m.Tenant, Connected: m.Connected}
 	if !m.LastContact.IsZero() {
 		r.LastContact = m.LastContact.UTC()
 		if y := r.LastContact.Year(); y < 0 || y > 9999 {
@@ -130,10 +135,10 @@ func decodeMeta(b []byte) (Meta, error) {
 	switch {
 	case r.V != 1 && r.V != metaVersion:
 		return Meta{}, fmt.Errorf("the metadata's encoding is version %d; this hub reads versions 1 to %d", r.V, metaVersion)
-	case r.V == 1 && r.Tenant != "":
-		return Meta{}, errors.New("the metadata's encoding is version 1, which has no tenant")
+	case r.V == 1 && (r.Tenant != "" || r.Connected):
+		return Meta{}, errors.New("the metadata's encoding is version 1, which has no tenant nor connected")
 	}
-	m := Meta{Synced: r.Synced, Epoch: r.Epoch, Tenant: r.Tenant}
+	m := Meta{Synced: r.Synced, Epoch: r.Epoch, Tenant: r.Tenant, Connected: r.Connected}
 	if !r.LastContact.IsZero() {
 		m.LastContact = r.LastContact.UTC()
 		if y := m.LastContact.Year(); y < 0 || y > 9999 {

@@ -37,7 +37,7 @@ func FuzzDecodeFormat(f *testing.F) {
 }
 
 func metaEqual(a, b Meta) bool {
-	return a.LastContact.Equal(b.LastContact) && a.LastContact.Location() == b.LastContact.Location() && a.Synced == b.Synced && a.Epoch == b.Epoch && a.Tenant == b.Tenant
+	return a.LastContact.Equal(b.LastContact) && a.LastContact.Location() == b.LastContact.Location() && a.Synced == b.Synced && a.Epoch == b.Epoch && a.Tenant == b.Tenant && a.Connected == b.Connected
 }
 
 func FuzzDecodeMeta(f *testing.F) {

@@ -39,6 +39,15 @@ type model struct {
 	src2    map[string]map[key]int  // the identity's second minion's source (a copied Secret)
 	second  map[string]bool         // it runs
 	either  map[string]map[key]bool // while two minions of an identity run: what either publishes (the hub may serve it)
+	// stale are deletions the hub's breaker held when it stopped: it does not keep them
+	// held across a restart (the objects come back as the cluster's, until its minion
+	// sends the deletions again), so they may be served until the cluster's writer
+	// publishes again.
+	stale map[key]bool
+	// loose are namespaces whose objects the hub may serve whatever the writer publishes,
+	// until it publishes again: an operator accepted what the hub read of the cluster when
+	// its last state was unknown (an operator's decision).
+	loose map[string]bool
 	cfg     []entry
 	removed map[string]removal // cluster name -> its objects, until an operator confirms
 	version int
@@ -54,7 +63,7 @@ func baseConfig() []entry {
 
 func newModel() *model {
 	m := &model{src: map[string]map[key]int{}, saved: map[string]map[key]int{}, pub: map[string]map[key]int{}, acc: map[string]map[key]int{},
-		running: map[string]bool{}, cfg: baseConfig(), removed: map[string]removal{}, src2: map[string]map[key]int{}, second: map[string]bool{}, either: map[string]map[key]bool{}}
+		running: map[string]bool{}, cfg: baseConfig(), removed: map[string]removal{}, src2: map[string]map[key]int{}, second: map[string]bool{}, either: map[string]map[key]bool{}, stale: map[key]bool{}, loose: map[string]bool{}}
 	for _, n := range minionNames {
 		m.src[n], m.pub[n], m.acc[n] = map[key]int{}, map[key]int{}, map[key]int{}
 	}
@@ -99,6 +108,12 @@ func (m *model) published(id string, src map[key]int) {
 	if c == nil {
 		return // refused: the hub keeps what it had
 	}
+	for k := range m.stale {
+		if k.namespace() == c.ns {
+			delete(m.stale, k) // its deletions are held again, or applied
+		}
+	}
+	delete(m.loose, c.ns)
 	acc := map[key]int{}
 	for k, v := range src {
 		switch last, ok := m.acc[id][k]; {
@@ -264,7 +279,7 @@ func versionOf(served string) int {
 // object at its version (any version if lenient), and nothing but those and what allowed
 // says the hub may still serve (deletions its breaker holds, removed clusters' objects).
 // "" when it holds exactly that.
-func mismatch(s sinkState, prot map[key]prot, allowed map[key]bool) string {
+func mismatch(s sinkState, prot map[key]prot, allowed map[key]bool, loose map[string]bool) string {
 	var out []string
 	for k, p := range prot {
 		got, ok := s[k]
@@ -278,7 +293,7 @@ func mismatch(s sinkState, prot map[key]prot, allowed map[key]bool) string {
 		}
 	}
 	for k, v := range s {
-		if _, ok := prot[k]; !ok && !allowed[k] {
+		if _, ok := prot[k]; !ok && !allowed[k] && !loose[k.namespace()] {
 			out = append(out, fmt.Sprintf("extra %s@%s (no writer publishes it, the hub holds no deletion of it)", k, v))
 		}
 	}

@@ -88,15 +88,17 @@ func (h *harness) do(e event) error {
 		m.src2[id], m.second[id] = src, true
 		h.seconds[id].start(src)
 	case "crash", "restart":
+		h.heldAcrossRestart()
 		h.stopHub(e.op == "crash")
-		return h.startHub()
+		return h.restarted(h.startHub())
 	case "damage":
+		h.heldAcrossRestart()
 		h.stopHub(true)
 		seed, _ := strconv.Atoi(e.args[1])
 		if err := damage(statePath(h.dir), e.args[0], seed); err != nil {
 			return err
 		}
-		return h.startHub()
+		return h.restarted(h.startHub())
 	case "disk":
 		h.diskFull.Store(e.args[0] == "full")
 	case "readonly":
@@ -128,7 +130,22 @@ func (h *harness) do(e event) error {
 		}
 	case "release":
 		// The operator reviews what the breaker holds, then releases that.
+		unknown := false
+		for _, c := range h.hub.Clusters() {
+			unknown = unknown || c.Name == e.args[0] && c.Unknown != ""
+		}
 		if _, err := h.hub.ReleaseBreaker(e.args[0], "spiffe://test/operator/model", reviewedDigest(h.hub, e.args[0])); err == nil {
+			if unknown {
+				// The operator accepted what the hub read of a cluster whose last state was
+				// unknown: its writer's objects are the operator's decision until it
+				// publishes again.
+				for _, c := range m.cfg {
+					if c.name == e.args[0] {
+						m.acc[c.identity] = map[key]int{}
+						m.loose[c.ns] = true
+					}
+				}
+			}
 			if r, ok := m.removed[e.args[0]]; ok {
 				// The removal is confirmed: the hub has nothing of that writer's any more.
 				delete(m.removed, e.args[0])
@@ -209,7 +226,7 @@ func (h *harness) settle(step int) string {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if d := mismatch(served, h.m.protected(), h.allowed()); d != "" {
+	if d := mismatch(served, h.m.protected(), h.allowed(), h.m.loose); d != "" {
 		h.fail(step, "the hub serves what the model does not allow: %s", d)
 	}
 	return ""
@@ -231,6 +248,9 @@ func (h *harness) allowed() map[key]bool {
 		for k := range ks {
 			out[k] = true
 		}
+	}
+	for k := range h.m.stale {
+		out[k] = true
 	}
 	return out
 }
@@ -368,4 +388,37 @@ func (h *harness) waitWrites(mi *minion) error {
 		time.Sleep(time.Millisecond)
 	}
 	return fmt.Errorf("minion %s did not take over its cluster within %v once the other stopped", mi.id, settleTimeout)
+}
+
+// heldAcrossRestart records the deletions the hub holds before it stops (model.stale).
+func (h *harness) heldAcrossRestart() {
+	if h.hub == nil {
+		return
+	}
+	for k := range heldNames(h.hub) {
+		h.m.stale[k] = true
+	}
+}
+
+// restarted brings the model up to what a restarted hub knows: a cluster that left the
+// configuration is known only from the state file, and one the file lost (read as a whole,
+// it could not be) is gone with it — a documented limit: its removal can no longer be
+// confirmed, and its objects are withdrawn once the configured clusters are known again.
+func (h *harness) restarted(err error) error {
+	if err != nil {
+		return err
+	}
+	listed := map[string]bool{}
+	for _, c := range h.hub.Clusters() {
+		listed[c.Name] = true
+	}
+	for name, r := range h.m.removed {
+		if !listed[name] {
+			delete(h.m.removed, name)
+			if h.m.clusterOf(r.identity) == nil {
+				h.m.acc[r.identity] = map[key]int{} // nothing of it is known any more
+			}
+		}
+	}
+	return nil
 }
