@@ -62,21 +62,24 @@ func withDeparted(cfg *Config, departed map[string]string) *Config {
 }
 
 // renamedTo returns the cluster that cluster's minion is in next: a cluster of next that
-// old did not have, which one of cluster's identities is now (its entry renamed). "" if none.
+// old did not have, or had only as departed, which one of cluster's identities is now (its
+// entry renamed, or renamed back). "" if none.
 func renamedTo(old, next *compiled, cluster string) string {
 	for id, c := range old.identity {
 		if c != cluster {
 			continue
 		}
-		if to := next.identity[id]; to != "" && !old.known(to) {
+		if to := next.identity[id]; to != "" && (!old.known(to) || old.departed[to]) {
 			return to
 		}
 	}
 	return ""
 }
 
-// rename moves from's state to to, a cluster the same reload added (renamedTo): the
-// cluster's objects are to's from now on, none withdrawn, and its minion resumes as to.
+// rename moves from's state to to, a cluster the same reload added or brought back
+// (renamedTo): the cluster's objects are to's from now on, none withdrawn, and its minion
+// resumes as to. What to kept as a departed cluster is an older state of the same minion's:
+// from's, the live one, replaces it.
 func (h *Hub) rename(from, to *clusterState) error {
 	if err := h.store.transfer(from.data, to.data); err != nil {
 		return err

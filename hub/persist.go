@@ -111,8 +111,8 @@ func (h *Hub) openState() error {
 
 // unknownAtStart says which clusters' last state the state file cannot vouch for, and why:
 // every configured cluster when the file could not be read; a cluster whose records are
-// damaged; every cluster it holds when the hub stopped while its writes were failing, or when
-// it lost its last commit.
+// damaged; every cluster it holds, and every configured one, when the hub stopped while its
+// writes were failing, or when it lost its last commit.
 func (h *Hub) unknownAtStart(state *durable.State) map[string]string {
 	out := map[string]string{}
 	if r := state.Reset; r != nil {
@@ -132,7 +132,12 @@ func (h *Hub) unknownAtStart(state *durable.State) map[string]string {
 		stale = "the hub stopped while its state file's writes were failing: it may hold an older state than was served"
 	}
 	if stale != "" {
+		// The file may lack anything since its writes began failing, a cluster's whole
+		// state included (one renamed or added then): every cluster is unknown.
 		for name := range state.Clusters {
+			out[name] = stale
+		}
+		for _, name := range h.ClusterNames() {
 			out[name] = stale
 		}
 	}

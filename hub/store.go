@@ -425,9 +425,10 @@ func (s *store) dropCollections(d *clusterData, collections []string) (int, erro
 	return n, nil
 }
 
-// transfer moves everything from holds into to, which holds nothing (a cluster renamed by a
-// reload: its minion's identity is to's now), re-built as to's (origin and version are the
-// cluster's), with its held deletions; from is left empty. It publishes nothing: the
+// transfer moves everything from holds into to (a cluster renamed by a reload: its minion's
+// identity is to's now), re-built as to's (origin and version are the cluster's), with its
+// held deletions, in place of what to held (an older, departed copy of the same minion's
+// state); from is left empty. It publishes nothing: the
 // views see the move when the reload recomputes them (the tenant's sight changed with the
 // cluster's name), under the new tenancy, which knows to (the old one would hide to's
 // objects from every view in between). Sinks then see each object change version, none
@@ -435,8 +436,19 @@ func (s *store) dropCollections(d *clusterData, collections []string) (int, erro
 func (s *store) transfer(from, to *clusterData) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if from.removed || to.removed || to.objects > 0 {
-		return errors.New("the cluster taking the state is not empty")
+	if from.removed || to.removed {
+		return errors.New("a cluster of the rename has left the hub")
+	}
+	for coll, old := range to.colls { // an older state of the same minion's (a departed copy)
+		var removed []string
+		for _, n := range slices.Sorted(maps.Keys(old)) {
+			r := old[n]
+			s.dropCandidateLocked(r)
+			s.countLocked(to, r, -1)
+			delete(old, n)
+			removed = append(removed, n)
+		}
+		s.changedLocked(to.name, coll, nil, removed)
 	}
 	for coll, held := range from.colls {
 		moved := to.colls[coll]

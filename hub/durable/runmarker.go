@@ -78,6 +78,9 @@ func (s *Store) markRun(word string) {
 	if s.runFile == nil || s.runWord == word {
 		return
 	}
+	if s.cfg.beforeMark != nil && s.cfg.beforeMark() != nil {
+		return
+	}
 	_, err := s.runFile.WriteAt(encodeRunMarker(word), 0)
 	if err == nil {
 		err = s.runFile.Sync()

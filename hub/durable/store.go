@@ -191,6 +191,8 @@ type config struct {
 	// beforeCommit runs in each write transaction before its writes: tests make it slow or
 	// failing.
 	beforeCommit func() error
+	// beforeMark runs before the run marker is written: tests stop it (a kill).
+	beforeMark func() error
 	// noDigests: commits keep no integrity digests (the benchmarks' baseline: what the
 	// digests cost; a file so written has stale digests, recomputed at its next open).
 	noDigests bool
@@ -207,6 +209,9 @@ type Faults struct {
 	// BeforeCommit runs in each write transaction before its writes: an error fails the
 	// commit as a full disk does (and a process killed at that point commits nothing more).
 	BeforeCommit func() error
+	// BeforeMark runs before the run marker is written: an error keeps it from being
+	// written (a killed process writes nothing more, not even that its writes fail).
+	BeforeMark func() error
 }
 
 // with returns cfg with the hooks f sets.
@@ -219,6 +224,9 @@ func (cfg config) with(f *Faults) config {
 	}
 	if f.BeforeCommit != nil {
 		cfg.beforeCommit = f.BeforeCommit
+	}
+	if f.BeforeMark != nil {
+		cfg.beforeMark = f.BeforeMark
 	}
 	return cfg
 }

@@ -147,6 +147,12 @@ func (h *harness) faults() *durable.Faults {
 			}
 			return os.OpenFile(name, flag, perm)
 		},
+		BeforeMark: func() error {
+			if h.killed.Load() {
+				return errors.New("the process was killed")
+			}
+			return nil
+		},
 		BeforeCommit: func() error {
 			switch {
 			case h.killed.Load():
