@@ -47,7 +47,7 @@ type model struct {
 	// loose are namespaces whose objects the hub may serve whatever the writer publishes,
 	// until it publishes again: an operator accepted what the hub read of the cluster when
 	// its last state was unknown (an operator's decision).
-	loose map[string]bool
+	loose   map[string]bool
 	cfg     []entry
 	removed map[string]removal // cluster name -> its objects, until an operator confirms
 	version int
