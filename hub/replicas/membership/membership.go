@@ -691,6 +691,18 @@ func (m *Members) Replicas() []Replica {
 	return out
 }
 
+// Crash stops as a killed process (kill -9) does: without leaving, and nothing more is
+// sent or answered, so the peers notice by their probes. For tests that run replicas in one
+// process. Close after it does nothing more.
+func (m *Members) Crash() {
+	m.closeOnce.Do(func() {
+		close(m.stop)
+		m.rejoined.Wait()
+		m.closeErr = m.ml.Shutdown()
+		m.sending.Wait()
+	})
+}
+
 // Close leaves the membership (peers drop this replica at once) and stops. Safe to call
 // more than once.
 func (m *Members) Close() error {

@@ -166,7 +166,7 @@ func TestRestartUnderTheSameName(t *testing.T) {
 	}
 	eventually(t, "a sees b hold three clusters", func() bool { return len(a.Authorities()) == 3 })
 	addr := b1.Addr()
-	b1.closeOnce.Do(func() { close(b1.stop); b1.rejoined.Wait(); _ = b1.ml.Shutdown(); b1.sending.Wait() }) // dies without leaving
+	b1.Crash() // dies without leaving
 	b2 := startWith(t, Config{Name: "b", Bind: addr, MCPAddr: "b2", Seeds: []string{a.Addr()}, KeyFile: key, Local: true, Incarnation: 2})
 	e := b2.Hold("south") // version 1 of the new life: lower than the old life's 3
 	eventually(t, "a sees only b's new life", func() bool {
