@@ -564,3 +564,60 @@ func TestNewWithOptions(t *testing.T) {
 		t.Error("a layer in the options was accepted")
 	}
 }
+
+// A cluster that departs (removed by a reload while it holds objects) keeps its feed: the
+// configuration may have it again, with what it had, and a peer following it then declares
+// those objects; an empty feed would send it their deletion (test/invariant's replica world
+// found every sink on the followers losing them). Its removal, confirmed, drops the feed.
+func TestDepartedClusterKeepsItsFeed(t *testing.T) {
+	tl := newTestLayer(t)
+	body, _ := anypb.New(&networking.VirtualService{Hosts: []string{"x"}})
+	r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: "shop/a", Version: "7"}, Body: body}
+	e, err := mcp.NewEntry(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.h.Apply("east", &mcp.Change{Collection: vs, Entries: []*mcp.Entry{e}, Resources: []*mcpapi.Resource{r}}); err != nil {
+		t.Fatal(err)
+	}
+	withoutEast, err := hub.ParseConfig([]byte(strings.Replace(layerConfig, "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := hub.ParseConfig([]byte(layerConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tl.h.Reload(withoutEast); err != nil {
+		t.Fatal(err)
+	}
+	if !tl.h.ClusterDeparted("east") {
+		t.Fatal("east did not depart")
+	}
+	if _, err := tl.h.Reload(base); err != nil {
+		t.Fatal(err)
+	}
+	if got := tl.feeds.of("east").Entries(vs); len(got) != 1 || got[0].Version != "7" {
+		t.Fatalf("feed of east configured again = %+v, want shop/a as it had", got)
+	}
+
+	if _, err := tl.h.Reload(withoutEast); err != nil {
+		t.Fatal(err)
+	}
+	held := tl.h.Clusters()
+	digest := ""
+	for _, c := range held {
+		if c.Name == "east" && c.Breaker != nil {
+			digest = c.Breaker.Digest
+		}
+	}
+	if _, err := tl.h.ReleaseBreaker("east", "operator", digest); err != nil {
+		t.Fatal(err)
+	}
+	if tl.h.ClusterDeparted("east") {
+		t.Fatal("east still departed after its removal was confirmed")
+	}
+	if got := tl.feeds.of("east").Entries(vs); len(got) != 0 {
+		t.Errorf("feed of east after its removal was confirmed = %+v", got)
+	}
+}
