@@ -162,6 +162,13 @@ func (g *replicaGenerator) next() event {
 		return g.killOrBoot()
 	case n < 9:
 		return event{"restart", []string{g.pick(g.up())}}
+	case n < 11:
+		r := g.pick(g.names)
+		if len(g.up()) == 1 && !g.down[r] {
+			return event{"restart", []string{r}} // the last one up keeps its state
+		}
+		g.down[r] = false
+		return event{"wipe", []string{r}}
 	}
 	e := g.generator.next()
 	switch e.op {
@@ -422,7 +429,7 @@ func (w *rworld) config(r *replica, entries []entry) (*hub.Config, error) {
 }
 
 // boot starts r on its state directory with the model's configuration, on the addresses
-// it had (new ones if they are taken meanwhile).
+// it had (new ones if they are taken meanwhile), and waits until it has joined its peers.
 func (w *rworld) boot(r *replica) error {
 	if r.running() != nil {
 		return nil
@@ -435,7 +442,53 @@ func (w *rworld) boot(r *replica) error {
 		r.mu.Unlock()
 		err = w.bootOn(r)
 	}
+	if err == nil {
+		w.waitJoined(r)
+	}
 	return err
+}
+
+// waitJoined waits, bounded, until r knows every replica that is up and follows each
+// cluster another one holds from it, its restored copy replaced. The sequence's clock
+// jumps (an advance of 11 s takes a millisecond): without this, a warm-up could pass
+// before r has heard its peers, which takes it milliseconds of the seconds a warm-up lasts.
+func (w *rworld) waitJoined(r *replica) {
+	deadline := time.Now().Add(settleTimeout)
+	for time.Now().Before(deadline) {
+		r.mu.Lock()
+		hb, layer := r.hub, r.layer
+		r.mu.Unlock()
+		if hb == nil {
+			return
+		}
+		st, up := layer.Status(), 0
+		held := map[string]string{}
+		for _, p := range w.reps {
+			p.mu.Lock()
+			if p.layer != nil {
+				up++
+				if p != r {
+					for c, a := range p.layer.Status().Authorities {
+						if a.Replica != r.name && a.Replica != "" {
+							held[c] = a.Replica
+						}
+					}
+				}
+			}
+			p.mu.Unlock()
+		}
+		joined := st != nil && len(st.Replicas) == up
+		for _, c := range hb.Clusters() {
+			if from, ok := held[c.Name]; ok && c.Departed == nil && (st == nil || st.Following[c.Name] != from || c.Restored) {
+				joined = false
+			}
+		}
+		if joined {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.log.Write([]byte(fmt.Sprintf("replica %s had not joined its peers within %v\n", r.name, settleTimeout)))
 }
 
 func (w *rworld) bootOn(r *replica) error {
@@ -629,7 +682,7 @@ func (w *rworld) do(e event) error {
 		}
 		m.src2[id], m.second[id] = src, true
 		w.restartMinion(w.seconds[id], src)
-	case "kill", "boot", "restart", "damage", "disk", "readonly":
+	case "kill", "boot", "restart", "wipe", "damage", "disk", "readonly":
 		r, err := w.replica(e.args[0])
 		if err != nil {
 			return err
@@ -641,6 +694,12 @@ func (w *rworld) do(e event) error {
 			return w.boot(r)
 		case "restart":
 			w.halt(r, false)
+			return w.boot(r)
+		case "wipe":
+			w.halt(r, true)
+			if err := os.RemoveAll(r.dir); err != nil {
+				return err
+			}
 			return w.boot(r)
 		case "damage":
 			w.halt(r, true)
@@ -1224,11 +1283,11 @@ func (w *rworld) describe() string {
 // TestInvariantReplicasScriptForms: the replica world's events parse, and a script of it
 // runs in it.
 func TestInvariantReplicasScriptForms(t *testing.T) {
-	events, err := parseScript("replicas 3\nkill a\nboot a\nrestart b\ndisk c full\nreadonly a on\ndamage b zero 1\nrelease holder east\nrelease each west\nrelease c east\n")
+	events, err := parseScript("replicas 3\nkill a\nboot a\nrestart b\nwipe c\ndisk c full\nreadonly a on\ndamage b zero 1\nrelease holder east\nrelease each west\nrelease c east\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(events) != 10 {
+	if len(events) != 11 {
 		t.Fatalf("%d events", len(events))
 	}
 	for _, bad := range []string{"kill", "boot a b", "release a b c", "replicas"} {

@@ -42,6 +42,8 @@ import (
 //	                         leaves the membership without a word); it stays down until boot
 //	boot R                   R starts on its state directory, its addresses and gossip name
 //	restart R                R stops cleanly (it leaves the membership) and starts again
+//	wipe R                   R is killed if up and starts with an empty state directory (a pod
+//	                         rescheduled with a new volume)
 //	damage R KIND SEED       R is killed if up, its state file damaged, and it starts
 //	disk R full|ok           R's state file's disk starts or stops failing every write
 //	readonly R on|off        R's state file's file system is read-only (from its next start)
@@ -62,7 +64,7 @@ var arity = map[string]int{
 }
 
 // replicaArity is how many arguments the replica world's forms take (see event).
-var replicaArity = map[string]int{"replicas": 1, "kill": 1, "boot": 1, "restart": 1, "damage": 3, "disk": 2, "readonly": 2, "release": 2}
+var replicaArity = map[string]int{"replicas": 1, "kill": 1, "boot": 1, "restart": 1, "wipe": 1, "damage": 3, "disk": 2, "readonly": 2, "release": 2}
 
 func replicaForm(e event) bool {
 	n, ok := replicaArity[e.op]
