@@ -285,6 +285,14 @@ func (h *Hub) ClusterNames() []string {
 	return out
 }
 
+// ClusterDeparted reports whether cluster left the configuration holding objects, which the
+// hub keeps (departure.go) until an operator confirms its removal or the configuration has
+// it again.
+func (h *Hub) ClusterDeparted(cluster string) bool {
+	cs := h.cluster(cluster)
+	return cs != nil && cs.isDeparted()
+}
+
 func (cs *clusterState) isDeparted() bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

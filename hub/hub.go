@@ -156,6 +156,7 @@ func New(cfg *Config, log *slog.Logger, opts Options) (*Hub, error) {
 		changed = h.stateChanged // otherwise nothing keeps what clusters sent beyond the store
 	}
 	h.store = newStore(cfg.Collections, ConflictPolicy{Priority: cfg.Conflicts.Priority}, comp.tenants, log, h.metrics, changed)
+	h.store.movedAway = h.stateMovedAway
 	for _, c := range cfg.allClusters() {
 		h.addClusterLocked(c.Name)
 	}

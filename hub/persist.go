@@ -323,6 +323,15 @@ func (h *Hub) stateChanged(cluster, collection string, put []*mcp.Entry, removed
 	}
 }
 
+// stateMovedAway is the store's report of the resources a rename moved from a cluster's
+// old name to its new one: the state file forgets them under the old name. The layer is not
+// told: they were not deleted (store.transfer).
+func (h *Hub) stateMovedAway(cluster, collection string, removed []string) {
+	if st := h.state.Load(); st != nil {
+		st.Apply(cluster, collection, nil, removed)
+	}
+}
+
 // saveMeta writes what the state file keeps of cs beyond its resources; the caller holds
 // cs.mu.
 func (h *Hub) saveMetaLocked(cs *clusterState) {

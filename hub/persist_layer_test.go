@@ -3,12 +3,15 @@ package hub
 import (
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
+	"github.com/meshfed/meshfed/mcp"
 )
 
 // heldBackLayer holds every restored state back, as the replica layer does until it knows
@@ -96,5 +99,69 @@ func TestRestoredStateHeldBackByTheLayer(t *testing.T) {
 	c.ConfirmRestored("west")
 	if !c.Ready() {
 		t.Error("not ready once the layer confirmed every restored cluster")
+	}
+}
+
+// changesLayer records the changes of what each cluster holds that the store tells it.
+type changesLayer struct {
+	noLayer
+	mu      sync.Mutex
+	put     map[string][]string // cluster -> names put
+	removed map[string][]string // cluster -> names removed
+}
+
+func (l *changesLayer) StateChanged(cluster, _ string, put []*mcp.Entry, removed []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range put {
+		l.put[cluster] = append(l.put[cluster], e.Name)
+	}
+	l.removed[cluster] = append(l.removed[cluster], removed...)
+}
+
+// A rename moves a cluster's objects to its new name: the layer is told the new name has
+// them, never that the old name deleted them (a replica's peers following the old name from
+// it would apply that deletion before their own reload renames it: test/invariant's replica
+// world found every sink losing the objects); the state file has them under the new name
+// only.
+func TestRenameIsNoDeletionForTheLayer(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseConfig([]byte(persistHub))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.StateDir = dir
+	l := &changesLayer{put: map[string][]string{}, removed: map[string][]string{}}
+	h, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Layer: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := testrun.Start(t, "hub Run", h.Run)
+	testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := h.Addrs(); return s != "" })
+	if err := h.Apply("east", push(t, vsColl, "shop/a", "shop/b")); err != nil {
+		t.Fatal(err)
+	}
+	renamed := strings.Replace(persistHub, "{name: east,", "{name: east2,", 1)
+	reload(t, h, renamed)
+	l.mu.Lock()
+	removed, put := l.removed["east"], l.put["east2"]
+	l.mu.Unlock()
+	if len(removed) > 0 {
+		t.Errorf("the layer was told east deleted %v", removed)
+	}
+	if !slices.Equal(put, []string{"shop/a", "shop/b"}) {
+		t.Errorf("the layer was told east2 has %v, want shop/a and shop/b", put)
+	}
+	stop()
+
+	h2, stop2 := persistedHub(t, renamed, dir, nil)
+	defer stop2()
+	for _, c := range h2.Clusters() {
+		switch {
+		case c.Name == "east2" && c.Resources[vsColl] != 2:
+			t.Errorf("restarted: east2 has %v, want the two objects", c.Resources)
+		case c.Name == "east":
+			t.Errorf("restarted: the state file still has east: %+v", c)
+		}
 	}
 }

@@ -92,6 +92,9 @@ type store struct {
 	// changed, if set, is told every change of a cluster's resources as received (a Layer's
 	// StateChanged), under mu and in order.
 	changed func(cluster, collection string, put []*mcp.Entry, removed []string)
+	// movedAway, if set, is told the resources a rename moved away from a cluster's old
+	// name (the state file's report, not the layer's: see transfer), under mu.
+	movedAway func(cluster, collection string, removed []string)
 
 	mu       sync.Mutex // guards the following fields; cache updates happen under it, in order
 	clusters map[string]*clusterData
@@ -476,7 +479,13 @@ func (s *store) transfer(from, to *clusterData) error {
 			s.addCandidateLocked(nr)
 			put, removed = append(put, nr.received), append(removed, n)
 		}
-		s.changedLocked(from.name, coll, nil, removed)
+		// The old name's objects move, they are not deleted: only the state file forgets
+		// them under it. The layer is not told (a replica's peers following the old name
+		// would apply the deletion of every object before their own reload renames it);
+		// the old name's removal, right after, ends what it had of it.
+		if s.movedAway != nil && len(removed) > 0 {
+			s.movedAway(from.name, coll, removed)
+		}
 		s.changedLocked(to.name, coll, put, nil)
 	}
 	to.held, from.held = from.held, heldDeletions{}

@@ -62,9 +62,14 @@ func (l *Layer) StateChanged(cluster, collection string, put []*mcp.Entry, remov
 
 // ClusterRemoved drops a cluster that left the configuration: its feed, its copy's epoch,
 // and the peers' streams following it from here. The membership keeps the highest epoch it
-// saw for it, so sessions of a cluster added again still order after the old ones.
+// saw for it, so sessions of a cluster added again still order after the old ones. A
+// cluster that departed (the core keeps its objects until an operator confirms its removal,
+// when ClusterRemoved comes again) keeps its feed: configured again, it has what it had, and
+// a feed emptied meanwhile would send the peers following it the deletion of every object.
 func (l *Layer) ClusterRemoved(cluster string) {
-	l.feeds.drop(cluster)
+	if !l.h.ClusterDeparted(cluster) {
+		l.feeds.drop(cluster)
+	}
 	l.peers.closeAll(cluster)
 	l.mu.Lock()
 	if c := l.clusters[cluster]; c != nil {

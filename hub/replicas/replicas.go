@@ -106,6 +106,7 @@ type members interface {
 	Poke()
 	Addr() string
 	Close() error
+	Crash()
 }
 
 type memberRef struct{ members }
@@ -113,9 +114,19 @@ type memberRef struct{ members }
 // New builds a hub that is one replica of several: the core (cfg must have a replicas
 // section) with this layer plugged in. reg receives the metrics (nil: a new registry).
 func New(cfg *hub.Config, log *slog.Logger, reg *prometheus.Registry) (*hub.Hub, *Layer, error) {
+	return NewWithOptions(cfg, log, hub.Options{Registry: reg})
+}
+
+// NewWithOptions is New with the core's options (for tests: its Clock and StateFaults);
+// opts.Layer must be nil, as this layer is the one plugged in.
+func NewWithOptions(cfg *hub.Config, log *slog.Logger, opts hub.Options) (*hub.Hub, *Layer, error) {
 	if cfg.Replicas == nil {
 		return nil, nil, errors.New("replicas: the configuration has no replicas section")
 	}
+	if opts.Layer != nil {
+		return nil, nil, errors.New("replicas: hub.Options.Layer is the replica layer's own")
+	}
+	reg := opts.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
@@ -124,7 +135,8 @@ func New(cfg *hub.Config, log *slog.Logger, reg *prometheus.Registry) (*hub.Hub,
 		clusters: map[string]*clusterRep{}, follows: map[*hub.Session]*follow{}, runs: map[string]bool{}, following: map[string]string{}}
 	l.id = replicaID(l.td, l.cfg.Name)
 	l.feeds.colls = cfg.Collections
-	h, err := hub.New(cfg, log, hub.Options{Registry: reg, Layer: l})
+	opts.Registry, opts.Layer = reg, l
+	h, err := hub.New(cfg, log, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -282,6 +294,15 @@ func (l *Layer) DescribeCluster(st *api.ClusterStatus) {
 	if a, ok := m.Authorities()[st.Name]; ok {
 		h := holder(a)
 		st.HeldBy = &h
+	}
+}
+
+// Crash ends this replica's membership as a killed process's ends: without leaving, and
+// saying nothing more (no release of what it held), so its peers notice by their probes.
+// For tests that run replicas in one process and kill one: call it, then end Run.
+func (l *Layer) Crash() {
+	if m := l.members(); m != nil {
+		m.Crash()
 	}
 }
 

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/anypb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
@@ -166,6 +168,7 @@ func (m *fakeMembers) Changed() <-chan struct{}         { return m.changed }
 func (m *fakeMembers) Watch() (<-chan struct{}, func()) { return m.changed, func() {} }
 func (m *fakeMembers) Addr() string                     { return "fake" }
 func (m *fakeMembers) Close() error                     { return nil }
+func (m *fakeMembers) Crash()                           {}
 func (m *fakeMembers) Poke() {
 	select {
 	case m.changed <- struct{}{}:
@@ -525,5 +528,96 @@ func TestMembershipChangesAreEvents(t *testing.T) {
 	want := []string{"joined: replica b joined (MCP 127.0.0.1:2)", "authority: cluster east is now held by replica b (epoch 2), was a", "left: replica a left or died"}
 	if !slices.Equal(got, want) {
 		t.Errorf("replica events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// NewWithOptions passes the core's options through (the clock every decision reads, the
+// registry) and keeps the layer its own.
+func TestNewWithOptions(t *testing.T) {
+	cfg, err := hub.ParseConfig([]byte(layerConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	reg := prometheus.NewRegistry()
+	h, _, err := NewWithOptions(cfg, log, hub.Options{Clock: func() time.Time { return at }, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Note(api.Event{Kind: api.EventReplica, Reason: api.ReasonJoined, Message: "x"})
+	if ev := h.Events(0).Events; len(ev) != 1 || !ev[0].Time.Equal(at) {
+		t.Errorf("events = %+v, want one at %v (the options' clock)", ev, at)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		found = found || mf.GetName() == "meshfed_hub_replicas"
+	}
+	if !found {
+		t.Error("the layer's metrics are not in the options' registry")
+	}
+	if _, _, err := NewWithOptions(cfg, log, hub.Options{Layer: &Layer{}}); err == nil {
+		t.Error("a layer in the options was accepted")
+	}
+}
+
+// A cluster that departs (removed by a reload while it holds objects) keeps its feed: the
+// configuration may have it again, with what it had, and a peer following it then declares
+// those objects; an empty feed would send it their deletion (test/invariant's replica world
+// found every sink on the followers losing them). Its removal, confirmed, drops the feed.
+func TestDepartedClusterKeepsItsFeed(t *testing.T) {
+	tl := newTestLayer(t)
+	body, _ := anypb.New(&networking.VirtualService{Hosts: []string{"x"}})
+	r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: "shop/a", Version: "7"}, Body: body}
+	e, err := mcp.NewEntry(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.h.Apply("east", &mcp.Change{Collection: vs, Entries: []*mcp.Entry{e}, Resources: []*mcpapi.Resource{r}}); err != nil {
+		t.Fatal(err)
+	}
+	withoutEast, err := hub.ParseConfig([]byte(strings.Replace(layerConfig, "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := hub.ParseConfig([]byte(layerConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tl.h.Reload(withoutEast); err != nil {
+		t.Fatal(err)
+	}
+	if !tl.h.ClusterDeparted("east") {
+		t.Fatal("east did not depart")
+	}
+	if _, err := tl.h.Reload(base); err != nil {
+		t.Fatal(err)
+	}
+	if got := tl.feeds.of("east").Entries(vs); len(got) != 1 || got[0].Version != "7" {
+		t.Fatalf("feed of east configured again = %+v, want shop/a as it had", got)
+	}
+
+	if _, err := tl.h.Reload(withoutEast); err != nil {
+		t.Fatal(err)
+	}
+	held := tl.h.Clusters()
+	digest := ""
+	for _, c := range held {
+		if c.Name == "east" && c.Breaker != nil {
+			digest = c.Breaker.Digest
+		}
+	}
+	if _, err := tl.h.ReleaseBreaker("east", "operator", digest); err != nil {
+		t.Fatal(err)
+	}
+	if tl.h.ClusterDeparted("east") {
+		t.Fatal("east still departed after its removal was confirmed")
+	}
+	if got := tl.feeds.of("east").Entries(vs); len(got) != 0 {
+		t.Errorf("feed of east after its removal was confirmed = %+v", got)
 	}
 }

@@ -23,5 +23,25 @@
 // sequence is printed as a script, one event per line; kept under testdata/regressions, it
 // is replayed by TestInvariantRegressions.
 //
+// TestInvariantReplicas (replicas_test.go) plays the same events against three hub replicas
+// (package hub/replicas) in process instead of one hub: each with its own state directory
+// and disk, gossip on loopback with short probes, the sequence's clock. The hub's process
+// and disk events name a replica, and replicas are also killed (-9: the state file keeps
+// what it committed, the membership is left without a word), started again on their state
+// directory, addresses and name, restarted cleanly, and wiped (started with an empty state
+// directory). Minions dial their list of the replicas' ingest addresses in turn, as the
+// minion does, and fail over when theirs goes; sinks are behind a Service over the ready
+// replicas (two per replica, one incremental, one full-state) and move only when their
+// stream ends. Reloads go to every replica, one after the other; an operator's release goes
+// to the replica holding the cluster, to each (a departed cluster's removal is confirmed per
+// replica), or to one. After each step it waits, bounded, until every minion is answered,
+// every restarted replica whose peers have what it waits for is ready, and every ready
+// replica (probed) serves what the model allows, with every sink holding what its replica
+// serves; the model adds per-replica confirmations of removals, held deletions as the
+// holder's (followers keep the objects), and peers' copies as what a replica may also
+// serve. Flags -invariant.replicas.seqs and -invariant.replicas.len size it; the other
+// flags are TestInvariant's. FuzzInvariantReplicas is its fuzz target. Its scripts start
+// with `replicas N` and replay with the others.
+//
 // It has no product code.
 package invariant

@@ -260,6 +260,7 @@ type minion struct {
 	id     string
 	second bool // the identity's second minion
 	h      *harness
+	dial   func() string // the ingest address of its next stream (nil: the hub's)
 
 	cache  *mcp.Cache
 	cancel context.CancelFunc
@@ -310,6 +311,9 @@ func (m *minion) start(src map[key]int) {
 		defer close(m.done)
 		for ctx.Err() == nil {
 			addr := m.h.ingest.Load().(string)
+			if m.dial != nil {
+				addr = m.dial()
+			}
 			if addr == "" {
 				pause(ctx, time.Millisecond)
 				continue
@@ -437,6 +441,12 @@ type change struct {
 }
 
 func newSink(h *harness, name string, incremental bool) *sink {
+	return newSinkDialing(h, name, incremental, func() string { return h.serve.Load().(string) })
+}
+
+// newSinkDialing is a sink whose every stream goes to the address dial returns ("": none
+// now, it waits).
+func newSinkDialing(h *harness, name string, incremental bool, dial func() string) *sink {
 	s := &sink{name: name, h: h, state: sinkState{}}
 	var err error
 	s.s, err = mcp.NewSink(mcp.SinkOptions{Collections: []string{colls["vs"], colls["dr"]}, Applier: s, FullStateOnly: !incremental,
@@ -449,7 +459,7 @@ func newSink(h *harness, name string, incremental bool) *sink {
 	go func() {
 		defer close(s.done)
 		for ctx.Err() == nil {
-			addr := h.serve.Load().(string)
+			addr := dial()
 			if addr == "" {
 				pause(ctx, time.Millisecond)
 				continue
@@ -651,6 +661,11 @@ func sortedKeys[V any](m map[key]V) []key {
 // probe returns what the hub serves now: the first push of each collection to a new
 // full-state sink.
 func (h *harness) probe(within time.Duration) (sinkState, error) {
+	return h.probeAt(h.serve.Load().(string), within)
+}
+
+// probeAt is probe of the hub serving at addr.
+func (h *harness) probeAt(addr string, within time.Duration) (sinkState, error) {
 	got := sinkState{}
 	seen := map[string]bool{}
 	var mu sync.Mutex
@@ -674,7 +689,7 @@ func (h *harness) probe(within time.Duration) (sinkState, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(h.serve.Load().(string), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,25 @@ import (
 //	reload reown CLUSTER NS  CLUSTER owns NS instead of what it owned
 //	release CLUSTER          an operator releases CLUSTER's breaker, applying the diff it saw
 //	advance DURATION         the hub's clock moves on, and its periodic work runs
+//
+// A script that starts with `replicas N` plays in the replica world (replicas_test.go): N
+// hub replicas named a, b, c, ... instead of the hub. The minions' events, reload and
+// advance (every replica's clock and periodic work) are as above; the hub's process and
+// disk events name a replica R:
+//
+//	replicas N               (first line only) the world has N hub replicas
+//	kill R                   R is killed (-9: its state file keeps what it had committed, it
+//	                         leaves the membership without a word); it stays down until boot
+//	boot R                   R starts on its state directory, its addresses and gossip name
+//	restart R                R stops cleanly (it leaves the membership) and starts again
+//	wipe R                   R is killed if up and starts with an empty state directory (a pod
+//	                         rescheduled with a new volume)
+//	damage R KIND SEED       R is killed if up, its state file damaged, and it starts
+//	disk R full|ok           R's state file's disk starts or stops failing every write
+//	readonly R on|off        R's state file's file system is read-only (from its next start)
+//	release R CLUSTER        an operator releases CLUSTER's breaker at R, applying the diff it
+//	                         saw there; R `holder`: at the replica holding CLUSTER (hub status
+//	                         HELD BY; none: the first up), `each`: at every replica up in turn
 type event struct {
 	op   string
 	args []string
@@ -42,6 +61,14 @@ func (e event) String() string { return strings.Join(append([]string{e.op}, e.ar
 var arity = map[string]int{
 	"put": 3, "del": 3, "empty": 1, "restore": 1, "stop": 1, "start": 1, "cut": 1,
 	"crash": 0, "restart": 0, "damage": 2, "disk": 1, "readonly": 1, "release": 1, "advance": 1, "second": 2,
+}
+
+// replicaArity is how many arguments the replica world's forms take (see event).
+var replicaArity = map[string]int{"replicas": 1, "kill": 1, "boot": 1, "restart": 1, "wipe": 1, "damage": 3, "disk": 2, "readonly": 2, "release": 2}
+
+func replicaForm(e event) bool {
+	n, ok := replicaArity[e.op]
+	return ok && n == len(e.args)
 }
 
 // parseScript reads a script: one event per line; blank lines and lines starting with #
@@ -60,7 +87,7 @@ func parseScript(text string) ([]event, error) {
 			if len(e.args) == 0 || want[e.args[0]] != len(e.args) {
 				return nil, fmt.Errorf("line %d: %q: want reload base|remove C|rename C TO|reown C NS", i+1, line)
 			}
-		} else if n, ok := arity[e.op]; !ok || n != len(e.args) {
+		} else if n, ok := arity[e.op]; (!ok || n != len(e.args)) && !replicaForm(e) {
 			return nil, fmt.Errorf("line %d: %q: unknown event or wrong number of arguments", i+1, line)
 		}
 		if e.op == "advance" {

@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -195,11 +196,16 @@ type Members struct {
 	live      atomic.Int32   // members known (this one included), for the broadcast queue
 	sends     chan outgoing  // messages to send over TCP
 
-	mu       sync.Mutex // guards the following fields
-	self     message    // Full, Holding without tombstones
-	peers    map[string]*peer
-	gone     map[string]departed // left or dead since their last join: their late messages are ignored, and they are rejoined for a while
-	maxEpoch map[string]uint64   // cluster -> highest epoch ever seen
+	mu    sync.Mutex // guards the following fields
+	self  message    // Full, Holding without tombstones
+	peers map[string]*peer
+	gone  map[string]departed // left or dead since their last join: their late messages are ignored, and they are rejoined for a while
+	// nodes are the live members' gossip addresses (this replica's too), copied in
+	// memberlist's event callbacks: memberlist rewrites the Nodes Members returns in place
+	// (a replica restarting under its name), so reading them anywhere else is a data race
+	// (hashicorp/memberlist#306).
+	nodes    map[string]memberlist.Node
+	maxEpoch map[string]uint64 // cluster -> highest epoch ever seen
 	changed  chan struct{}
 	watchers map[chan struct{}]bool // Watch's channels
 	joined   bool                   // Start has tried its seeds
@@ -243,7 +249,7 @@ func Start(cfg Config, logger *slog.Logger) (*Members, error) {
 	if os.Getenv("MESHFED_MEMBERLIST_LOG") != "" { // memberlist's own log, for debugging
 		mc.Logger = log.New(os.Stderr, "memberlist "+cfg.Name+" ", log.Lmicroseconds)
 	}
-	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]departed{},
+	m := &Members{cfg: cfg, log: logger.With("replica", cfg.Name), peers: map[string]*peer{}, gone: map[string]departed{}, nodes: map[string]memberlist.Node{},
 		maxEpoch: map[string]uint64{}, changed: make(chan struct{}, 1), stop: make(chan struct{}),
 		sends: make(chan outgoing, 1024),
 		self:  message{Name: cfg.Name, MCPAddr: cfg.MCPAddr, Inc: cfg.Incarnation, Full: true, Holding: map[string]hold{}, Copies: map[string]hold{}}}
@@ -329,10 +335,15 @@ func (m *Members) send() {
 		case <-m.stop:
 			return
 		case o := <-m.sends:
-			for _, n := range m.ml.Members() {
-				if n.Name == m.cfg.Name || (o.to != "" && n.Name != o.to) {
-					continue
+			m.mu.Lock()
+			var to []memberlist.Node
+			for name, n := range m.nodes {
+				if name != m.cfg.Name && (o.to == "" || name == o.to) {
+					to = append(to, n)
 				}
+			}
+			m.mu.Unlock()
+			for _, n := range to {
 				select {
 				case sem <- struct{}{}:
 				case <-m.stop:
@@ -342,7 +353,7 @@ func (m *Members) send() {
 				go func() {
 					defer m.sending.Done()
 					defer func() { <-sem }()
-					if err := m.ml.SendReliable(n, o.msg); err != nil {
+					if err := m.ml.SendReliable(&n, o.msg); err != nil {
 						m.log.Debug("sending to a replica", "peer", n.Name, "err", err)
 					}
 				}()
@@ -389,9 +400,11 @@ func (m *Members) rejoin(every time.Duration) {
 		case <-t.C:
 		}
 		live := map[string]bool{}
-		for _, n := range m.ml.Members() {
+		m.mu.Lock()
+		for _, n := range m.nodes {
 			live[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
 		}
+		m.mu.Unlock()
 		var try []string
 		for _, a := range m.seeds() {
 			if !live[a] {
@@ -691,6 +704,18 @@ func (m *Members) Replicas() []Replica {
 	return out
 }
 
+// Crash stops as a killed process (kill -9) does: without leaving, and nothing more is
+// sent or answered, so the peers notice by their probes. For tests that run replicas in one
+// process. Close after it does nothing more.
+func (m *Members) Crash() {
+	m.closeOnce.Do(func() {
+		close(m.stop)
+		m.rejoined.Wait()
+		m.closeErr = m.ml.Shutdown()
+		m.sending.Wait()
+	})
+}
+
 // Close leaves the membership (peers drop this replica at once) and stops. Safe to call
 // more than once.
 func (m *Members) Close() error {
@@ -825,6 +850,7 @@ type events struct{ m *Members }
 func (e events) NotifyJoin(n *memberlist.Node) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
+	e.m.nodes[n.Name] = nodeCopy(n)
 	delete(e.m.gone, n.Name)
 	if n.Name == e.m.cfg.Name {
 		return
@@ -847,6 +873,7 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 func (e events) NotifyLeave(n *memberlist.Node) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
+	delete(e.m.nodes, n.Name)
 	if n.Name == e.m.cfg.Name {
 		return
 	}
@@ -863,9 +890,16 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 func (e events) NotifyUpdate(n *memberlist.Node) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
+	e.m.nodes[n.Name] = nodeCopy(n)
 	if p, ok := e.m.peers[n.Name]; ok && n.Name != e.m.cfg.Name {
 		p.mcpAddr = string(n.Meta)
 	}
+}
+
+// nodeCopy is what the membership keeps of a member's Node: its name and gossip address,
+// copied while memberlist holds its lock.
+func nodeCopy(n *memberlist.Node) memberlist.Node {
+	return memberlist.Node{Name: n.Name, Addr: slices.Clone(n.Addr), Port: n.Port}
 }
 
 // broadcast is one replica's change of one cluster's holding or copy (key); a newer one of

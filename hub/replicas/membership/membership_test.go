@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -166,13 +167,45 @@ func TestRestartUnderTheSameName(t *testing.T) {
 	}
 	eventually(t, "a sees b hold three clusters", func() bool { return len(a.Authorities()) == 3 })
 	addr := b1.Addr()
-	b1.closeOnce.Do(func() { close(b1.stop); b1.rejoined.Wait(); _ = b1.ml.Shutdown(); b1.sending.Wait() }) // dies without leaving
+	b1.Crash() // dies without leaving
 	b2 := startWith(t, Config{Name: "b", Bind: addr, MCPAddr: "b2", Seeds: []string{a.Addr()}, KeyFile: key, Local: true, Incarnation: 2})
 	e := b2.Hold("south") // version 1 of the new life: lower than the old life's 3
 	eventually(t, "a sees only b's new life", func() bool {
 		auth := a.Authorities()
 		return len(auth) == 1 && auth["south"] == Authority{Replica: "b", MCPAddr: "b2", Epoch: e}
 	})
+}
+
+// A peer's Node changes while this replica sends it holdings: memberlist rewrites a member's
+// Node in place whenever it hears a newer incarnation of it (a replica restarted under its
+// name refuting its death, a suspicion refuted, an update), so the sends must not read the
+// Nodes memberlist hands out (go test -race caught it in test/invariant's replica world;
+// hashicorp/memberlist#306).
+func TestSendsWhilePeersChange(t *testing.T) {
+	key := keyFile(t)
+	a := start(t, "a", key)
+	b := start(t, "b", key, a.Addr())
+	allJoined(t, []*Members{a, b})
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { // a sends deltas to every member all the time
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			a.Release("x", a.Hold("x"))
+			runtime.Gosched()
+		}
+	}()
+	for range 10 { // each a new incarnation of b, which a writes into its Node of b
+		if err := b.ml.UpdateNode(time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
 }
 
 // Deltas may arrive out of order and full states may be older or newer than them: the view
