@@ -47,6 +47,7 @@ type clusterState struct {
 	departed       *departure // it left the configuration; the hub keeps it (departure.go)
 	unknown        string     // why its last state is unknown ("": known; unknown.go)
 	restored       bool       // what is served of it was read from the state file; its own session has not delivered since
+	mayLack        string     // why what was restored may lack its last changes ("": it cannot); the warm-up's end makes it unknown (unknown.go)
 	unconfirmed    bool       // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
 	epoch          uint64     // the epoch of the session whose state this copy is (SetClusterEpoch; 0 on a single hub), kept in the state file
 	pushes         *pushLimiter
@@ -387,9 +388,11 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		defer h.takeOverLocked(s)()
 	}
 	cs.sessions[s] = true
+	first := false // the cluster's first own stream: its Connected mark must be on disk
 	if !s.away {
 		cs.lastContact = h.now()
 		cs.connected++
+		first = cs.connected == 1
 		cs.disconnectedAt = time.Time{}
 		cs.dropped = nil
 		h.metrics.connected(cs.name, true) // under cs.mu: a removal forgets the series after
@@ -400,6 +403,9 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		}
 	}
 	cs.mu.Unlock()
+	if first {
+		h.flushConnected()
+	}
 	h.layer.SessionOpened(s)
 }
 
@@ -469,6 +475,7 @@ func (h *Hub) delivered(s *Session, collection string) {
 		// The session's state replaced the restored one: the cluster's own, or a copy taken
 		// from a peer (not what this hub read from its file any more).
 		cs.unconfirmed, cs.restored = false, false
+		h.resyncedLocked(cs)
 		h.knownLocked(cs, "a session delivered its whole state")
 	}
 	if complete && !s.away {

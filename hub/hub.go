@@ -454,6 +454,7 @@ func (h *Hub) Housekeep() {
 		if p := h.pendingClusters(); len(p) > 0 {
 			h.log.Warn("warm-up timed out; serving without clusters that have not synced", "pending", p)
 		}
+		h.unknownAtWarmUpEnd()
 		h.setReady("warm-up timeout")
 	}
 	h.expireStale()

@@ -81,7 +81,18 @@ func (h *Hub) openState() error {
 		// It may lack its last changes (a kill while it was connected: at most a commit
 		// interval's; a read-only file: whatever the last run could not write): the warm-up
 		// waits for its minion before it counts.
-		mayLack := state.Unclean && c.Connected || state.ReadOnly
+		mayLack := ""
+		switch {
+		case state.ReadOnly:
+			mayLack = "the state file is read-only: the last run may not have written its last changes"
+		case state.Unclean && c.Connected:
+			mayLack = "the hub stopped without closing the state file (killed) while the cluster was connected: the file may lack its changes of the last commit interval"
+		}
+		if mayLack != "" && !state.ReadOnly {
+			// Kept until its session resyncs it: a restart before that, clean or not, must
+			// not take the file's state as whole either.
+			st.MarkDamaged(name, mayLack)
+		}
 		n, refused, present := h.restoreCluster(name, c, st, mayLack)
 		h.log.Info("cluster restored from the state file: served until its own session replaces it",
 			"cluster", name, "resources", n, "refused", refused, "last_contact", c.LastContact, "synced", c.Synced, "epoch", c.Epoch,
@@ -193,7 +204,7 @@ func (h *Hub) keepDeparted(state *durable.State, st *durable.Store) {
 // can receive), and collections the hub no longer asks the cluster for, are refused and
 // removed from st; ownership is re-checked after (openState). A whole state counts as
 // synced if the layer says so (present).
-func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store, mayLack bool) (restored, refused int, present bool) {
+func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store, mayLack string) (restored, refused int, present bool) {
 	cs := h.cluster(name)
 	comp := h.current().comp
 	rejections := map[string]map[string]string{}
@@ -235,10 +246,10 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store,
 	if last.IsZero() {
 		last = h.now()
 	}
-	present = c.Synced && !mayLack && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
+	present = c.Synced && mayLack == "" && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, present, true
+	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored, cs.mayLack = last, last, present, true, mayLack
 	cs.unconfirmed, cs.epoch = c.Synced && !present, c.Epoch
 	if len(rejections) > 0 {
 		cs.rejections = rejections
@@ -259,6 +270,7 @@ func (h *Hub) ConfirmRestored(cluster string) bool {
 	ok := cs.unconfirmed && !cs.removed
 	if ok {
 		cs.unconfirmed, cs.synced = false, true
+		h.resyncedLocked(cs)
 		cs.log.Info("restored state confirmed: nothing newer of the cluster is known; it counts as synced", "epoch", cs.epoch)
 	}
 	cs.mu.Unlock()
@@ -381,6 +393,17 @@ func (h *Hub) flushState() {
 	defer cancel()
 	if err := st.Flush(ctx); err != nil {
 		h.log.Warn("state file: a cluster's last state is not on disk yet", "err", err)
+	}
+}
+
+// flushConnected waits until the state file has a cluster's Connected mark, before its
+// session's first push is applied: a kill from then on restarts with the mark, so the
+// warm-up waits for the cluster's minion instead of serving the file's state, which may lack
+// what the session changed within the last commit interval. While writes fail it does not
+// wait: a kill then makes every cluster unknown at the restart (the run marker says so).
+func (h *Hub) flushConnected() {
+	if st := h.state.Load(); st != nil && !st.Stats().Failing {
+		h.flushState()
 	}
 }
 

@@ -56,8 +56,37 @@ func sees(comp *compiled, tenant, from string) bool {
 	return false
 }
 
-// markUnknown records that cs's last state is unknown, and why (at the start, before any
-// stream).
+// unknownAtWarmUpEnd marks unknown each cluster whose restored state may lack its last
+// changes (a kill while it was connected, a read-only file) and whose minion has not
+// resynced it within the warm-up: serving the file's state then would withdraw, or revert,
+// what its writer published in the moments the file did not keep.
+func (h *Hub) unknownAtWarmUpEnd() {
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		why := cs.mayLack
+		lacking := why != "" && !cs.synced && cs.unknown == "" && cs.departed == nil && !cs.removed
+		cs.mu.Unlock()
+		if lacking {
+			h.markUnknown(cs, why+"; its minion has not resynced within the warm-up")
+		}
+	}
+}
+
+// resyncedLocked clears what a restore said the file may lack, once the cluster's whole
+// state is known again (its session delivered it, or the layer found nothing newer): the
+// file's mark goes with it. The caller holds cs.mu.
+func (h *Hub) resyncedLocked(cs *clusterState) {
+	if cs.mayLack == "" {
+		return
+	}
+	cs.mayLack = ""
+	if st := h.state.Load(); st != nil && cs.unknown == "" && !cs.removed {
+		st.Repaired(cs.name) // an unknown one is repaired by knownLocked
+	}
+}
+
+// markUnknown records that cs's last state is unknown, and why (at the start, or at the
+// warm-up's end).
 func (h *Hub) markUnknown(cs *clusterState, why string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
