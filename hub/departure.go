@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -86,14 +87,29 @@ func (h *Hub) rename(from, to *clusterState) error {
 	}
 	from.mu.Lock()
 	synced, last, away := from.synced, from.lastContact, from.disconnectedAt
+	unknown, mayLack, restored := from.unknown, from.mayLack, from.restored
 	if from.connected > 0 {
 		away = h.now() // its streams are closed as it leaves
 	}
 	from.mu.Unlock()
 	to.mu.Lock()
 	to.synced, to.lastContact, to.disconnectedAt = synced, last, away
+	to.mayLack, to.restored = mayLack, restored
+	if unknown == "" {
+		h.knownLocked(to, "its old name's known state replaced what it kept") // a departed copy whose state was unknown
+	}
 	h.saveMetaLocked(to)
 	to.mu.Unlock()
+	// What the hub did not know of the cluster under its old name it does not know under
+	// the new one: the file's mark moves with it (the old name's goes with its records).
+	if why := cmp.Or(unknown, mayLack); why != "" {
+		if unknown != "" {
+			h.markUnknown(to, unknown)
+		}
+		if st := h.state.Load(); st != nil {
+			st.MarkDamaged(to.name, why)
+		}
+	}
 	to.log.Info("cluster renamed by the configuration: it has what its old name held", "was", from.name)
 	h.note(api.Event{Kind: api.EventCluster, Cluster: to.name, Reason: api.ReasonRenamed,
 		Message: fmt.Sprintf("renamed from %q by the configuration (its identity is this cluster's now): it has what %q held", from.name, from.name)})
