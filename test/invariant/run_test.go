@@ -420,5 +420,8 @@ func (h *harness) restarted(err error) error {
 			}
 		}
 	}
+	// The restart re-checks ownership as a reload does: what a cluster does not own and the
+	// breaker does not hold again is gone (or was never read back: a file set aside).
+	h.m.withdrawn(heldNames(h.hub))
 	return nil
 }
