@@ -282,9 +282,11 @@ func (b *heldDeletions) trip(reason string, now time.Time) {
 }
 
 // recover closes an open breaker whose held deletions no longer exceed the limits (the
-// objects came back): what is still held is then like an ordinary change, and settles.
+// objects came back): what is still held is then like an ordinary change, and settles. A
+// departed cluster's never does: its hold is not a share of what it serves but all of it,
+// until an operator confirms (however few objects that is).
 func (b *heldDeletions) recover(colls map[string]map[string]*resource, g *breakerGuard) bool {
-	if !b.open || b.exceeded(colls, g.cfg, g.now) != "" {
+	if !b.open || g.departed || b.exceeded(colls, g.cfg, g.now) != "" {
 		return false
 	}
 	b.open, b.reason = false, ""

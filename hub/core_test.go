@@ -234,6 +234,33 @@ func TestClusterRemovedIsKeptUntilConfirmed(t *testing.T) {
 	}
 }
 
+// A departed cluster's hold is all it had, not a share: however few objects that is (below
+// the breaker's minDeletes), a later reload's re-check, and time passing, do not close it;
+// only an operator's confirmation withdraws them (found by test/invariant: the re-check at
+// a restart closed the hold of a departed cluster serving one object, which then settled).
+func TestDepartedHoldOutlivesLaterReloads(t *testing.T) {
+	h := testHub(t, twoClusters)
+	now := time.Unix(1_800_000_000, 0)
+	h.now = func() time.Time { return now }
+	sink := watchAs(t, h, "", "istiod")
+	east, west := openSession(t, h, "east"), openSession(t, h, "west")
+	if err := h.apply(east.s, vsPush(t, "shop/a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.apply(west.s, vsPush(t, "pay/b")); err != nil {
+		t.Fatal(err)
+	}
+	noWest := strings.Replace(twoClusters, "- {name: west, identities: [west], namespaces: [pay], hosts: [\"*\"]}\n", "", 1)
+	reload(t, h, noWest)
+	h.sessionClosed(west.s)
+	reload(t, h, strings.Replace(noWest, "warmUp: 1h", "warmUp: 2h", 1)) // any change: every cluster is re-checked
+	now = now.Add(time.Hour)
+	h.Housekeep()
+	if got := sink.names(vsColl); got != "pay/b,shop/a" {
+		t.Errorf("served after another reload and an hour: %q, want the departed west's object kept", got)
+	}
+}
+
 // A cluster whose entry a reload renames (its identity is the new entry's) keeps what it
 // had under the new name: each object changes version, none is withdrawn; renamed back, the
 // same. One removed by mistake and added back before anyone confirmed has what it had.
