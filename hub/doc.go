@@ -24,7 +24,12 @@
 //     (package mcp) pushes and follows ACKs.
 //
 // Around that path: cluster.go (each cluster's lifecycle from entering to leaving the
-// configuration, the warm-up and staleness), relay.go (a minion subscribing on the ingest
+// configuration, the warm-up and staleness, one writer per cluster and the damping of two
+// writers taking over from each other), departure.go (a cluster a reload removes or
+// renames: renamed, its state moves; removed, it departs, held until an operator
+// confirms), unknown.go (clusters whose last state the hub does not know, kept and not
+// served as empty), nack.go (the gRPC code and details of a refused push), dryrun.go (an
+// operator's candidate configuration compiled and compared, bounded), relay.go (a minion subscribing on the ingest
 // listener, with its cluster's identity, to re-serve inside its cluster; routing selects it
 // only by rules for relays), reload.go (a new configuration applied without a restart),
 // http.go (the admin API, whose types are package hub/api; operator.go decides who may take
@@ -32,8 +37,9 @@
 // dashboard's summaries and pages, package hub/dashboard its page), events.go (the recent
 // refusals, reloads, breakers, connections and replica changes, a ring per tenant, which
 // the paths that cause them note), metrics.go and metrics_state.go (the metrics counted
-// where things happen, and the gauges read from the hub's state at scrape time), persist.go (each cluster's last-known state in the state file, package
-// hub/durable, restored at start), config.go (the configuration file and its one literal of
+// where things happen, and the gauges read from the hub's state at scrape time), persist.go
+// (each cluster's last-known state in the state file, package hub/durable, restored at
+// start; what the file cannot vouch for is unknown), config.go (the configuration file and its one literal of
 // defaults), config_tenants.go (tenants: each a group of clusters and sink fleets, with its
 // own ownership and routing; claims of two tenants never overlap), scope.go (whose eyes the
 // admin API answers for: the vendor's, or one tenant operator's).
