@@ -131,7 +131,14 @@ func departedTenants(comp *compiled) map[string]string {
 func (h *Hub) depart(cs *clusterState, d departure) int {
 	cs.mu.Lock()
 	cs.departed = &d // if its last state is unknown, it stays so: what it had is still not known
+	lacking := cs.mayLack != "" && !cs.synced && cs.unknown == ""
+	why := cs.mayLack
 	cs.mu.Unlock()
+	if lacking {
+		// Its restored state may lack its last changes and no minion will resync it now:
+		// what it departs with is unknown, as the warm-up's end would have found.
+		h.markUnknown(cs, why+"; it left the configuration before its minion resynced")
+	}
 	closed := cs.closeSessions()
 	h.layer.ClusterRemoved(cs.name)
 	n := h.store.count(cs.data)
