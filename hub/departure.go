@@ -82,6 +82,16 @@ func renamedTo(old, next *compiled, cluster string) string {
 // resumes as to. What to kept as a departed cluster is an older state of the same minion's:
 // from's, the live one, replaces it.
 func (h *Hub) rename(from, to *clusterState) error {
+	from.mu.Lock()
+	blank := !from.synced && !from.restored && from.unknown == "" && from.connected == 0
+	from.mu.Unlock()
+	if blank && to.isDeparted() && h.store.count(from.data) == 0 {
+		// The old name has nothing at all (it was added since the start, say by a rename
+		// the state file lost, and its minion has not delivered): the departed copy is the
+		// newer, and stays, with what the hub does or does not know of it.
+		to.log.Info("cluster renamed back by the configuration: its old name had nothing, so what it kept stays", "was", from.name)
+		return nil
+	}
 	if err := h.store.transfer(from.data, to.data); err != nil {
 		return err
 	}

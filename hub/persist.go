@@ -99,9 +99,17 @@ func (h *Hub) openState() error {
 			"counts_as_synced", present)
 	}
 	for _, name := range slices.Sorted(maps.Keys(unknown)) {
-		if cs := h.cluster(name); cs != nil && !cs.isDeparted() {
+		if cs := h.cluster(name); cs != nil {
 			h.markUnknown(cs, unknown[name])
 			st.MarkDamaged(name, unknown[name]) // a second restart remembers: the file cannot vouch for it
+		}
+	}
+	for _, cs := range h.clusterList() {
+		cs.mu.Lock()
+		why, lacking := cs.mayLack, cs.mayLack != "" && cs.departed != nil && cs.unknown == ""
+		cs.mu.Unlock()
+		if lacking { // no minion will resync it: what it may lack stays unknown
+			h.markUnknown(cs, why+"; it is not in the configuration, so no minion resyncs it")
 		}
 	}
 	// Ownership as a reload re-checks it: what the configuration no longer allows is
@@ -167,9 +175,12 @@ func (h *Hub) keepDeparted(state *durable.State, st *durable.Store) {
 	keep := departedTenants(cur.comp)
 	var added []string
 	for name, c := range state.Clusters {
-		if cur.comp.known(name) || len(c.Collections) == 0 || state.Damaged[name] != "" {
-			continue // a damaged name (one damage made up) is not kept as a cluster
+		if cur.comp.known(name) || len(c.Collections) == 0 && state.Damaged[name] == "" {
+			continue
 		}
+		// A damaged one is kept too, unknown (below): what the file cannot vouch for may
+		// be a cluster renamed in a run whose writes were lost. A name damage made up is
+		// then an unknown departed cluster, which an operator confirms away.
 		keep[name] = c.Tenant // "" without tenants: at the top level
 		added = append(added, name)
 	}
