@@ -534,6 +534,9 @@ func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (api.BreakerRelea
 	if cs == nil {
 		return api.BreakerRelease{}, fmt.Errorf("%w: %q", ErrUnknownCluster, cluster)
 	}
+	// An operator's decision is on disk before it is reported done: a kill right after must
+	// not restore what it withdrew.
+	defer h.flushState()
 	if rel, ok, err := h.releaseUnknown(cs, operator, digest); ok {
 		return rel, err
 	}
