@@ -397,7 +397,10 @@ func (h *Hub) saveContacts() {
 // since a restart will serve it from the file alone.
 func (h *Hub) flushState() {
 	st := h.state.Load()
-	if st == nil {
+	if st == nil || st.Stats().Failing {
+		// Waiting would hold the caller (a stream's end, an operator's request) for the
+		// timeout and gain nothing: while writes fail, a kill makes every cluster unknown
+		// at the restart (the run marker says so).
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -413,9 +416,7 @@ func (h *Hub) flushState() {
 // what the session changed within the last commit interval. While writes fail it does not
 // wait: a kill then makes every cluster unknown at the restart (the run marker says so).
 func (h *Hub) flushConnected() {
-	if st := h.state.Load(); st != nil && !st.Stats().Failing {
-		h.flushState()
-	}
+	h.flushState()
 }
 
 // closeState writes what is queued and closes the state file.
