@@ -173,9 +173,10 @@ func (i *StreamInfo) Close() {
 	}
 }
 
-// CloseWith is Close with the reason the peer is told: a stream this side serves in the
-// sink role (a source that dialed in) ends with err, a gRPC status such as a refusal's,
-// instead of a bare cancellation, so the peer's log says why it must reconnect.
+// CloseWith is Close with a reason: a stream in the sink role ends with err (its Serve
+// returns it), so a source that dialed in is told that gRPC status, such as a refusal's,
+// instead of a bare cancellation, and its log says why it must reconnect. Other roles end
+// as with Close.
 func (i *StreamInfo) CloseWith(err error) {
 	i.mu.Lock()
 	if i.ended == nil {
