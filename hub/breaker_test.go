@@ -3,6 +3,8 @@ package hub
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -445,6 +447,65 @@ func TestCompetingWritersAreDamped(t *testing.T) {
 	h.Housekeep()
 	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_competing_writers", map[string]string{"cluster": "east"}); v != 0 {
 		t.Errorf("competing_writers after a quiet window = %v, want 0", v)
+	}
+}
+
+// groupLayer is a layer whose group has east written elsewhere since a takeover at
+// tookOver, and which refuses the pushes of the sessions in refused.
+type groupLayer struct {
+	noLayer
+	elsewhere string
+	tookOver  time.Time
+	refused   map[*Session]bool
+}
+
+func (l *groupLayer) MayWrite(s *Session) bool { return !l.refused[s] }
+func (l *groupLayer) GroupWriter(string) (string, time.Time) {
+	return l.elsewhere, l.tookOver
+}
+
+// The layer's one-writer rules reach the core's: a push the layer refuses is NACKed, never
+// ACKed unapplied (its source would not send it again: test/invariant's
+// replicas-second-minion-superseded); and a stream of the cluster's source is refused as
+// competing while the cluster's writer is a live session elsewhere in the group that took
+// over within takeoverWindow, as a takeover here is judged, and admitted once it is not.
+func TestLayerWriterRules(t *testing.T) {
+	cfg, err := ParseConfig([]byte(breakerHub))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.StateDir = t.TempDir()
+	l := &groupLayer{refused: map[*Session]bool{}}
+	h, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Layer: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	s := ownSession(t, h, "east", "10.0.0.1:1")
+	if err := h.apply(s.s, push(t, vsColl, "shop/a")); err != nil {
+		t.Fatal(err)
+	}
+	l.refused[s.s] = true
+	if err := h.apply(s.s, push(t, vsColl, "shop/a", "shop/b")); status.Code(err) != codes.Aborted {
+		t.Errorf("a push the layer refuses: %v, want NACKed with Aborted", err)
+	}
+	if got := sink.names(vsColl); got != "shop/a" {
+		t.Errorf("served after a refused push: %q", got)
+	}
+
+	l.elsewhere, l.tookOver = "its session of epoch 2, through replica b", clk.now()
+	clk.advance(time.Minute)
+	_, err = h.newMinionSink(nil, mcp.NewStreamInfo("east", nil, nil))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "through replica b") {
+		t.Errorf("a minion's stream while the group's writer took over a minute ago: %v, want refused as competing", err)
+	}
+	if v := promtest.Sum(t, h.Registry(), "meshfed_hub_cluster_competing_writers", map[string]string{"cluster": "east"}); v != 1 {
+		t.Errorf("competing_writers = %v, want 1", v)
+	}
+	clk.advance(takeoverWindow)
+	if _, err := h.newMinionSink(nil, mcp.NewStreamInfo("east", nil, nil)); err != nil {
+		t.Errorf("a minion's stream once the group's takeover is a window old: %v, want admitted (a restarted minion)", err)
 	}
 }
 

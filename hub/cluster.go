@@ -155,17 +155,31 @@ func (h *Hub) resolicit() {
 const takeoverWindow = 10 * time.Minute
 
 // competingLocked says why s (a stream from peer) may not take over its cluster now (""
-// if it may): the writer's stream is open, on another connection, and took over less than
-// takeoverWindow ago. Streams of one connection are one process's (Istio's source opens a
-// stream per collection it probes on its one connection, each taking over at its first
-// push). The caller holds cs.mu.
+// if it may): the cluster's writer is a live stream, on another connection here or through
+// another replica (Layer.GroupWriter), and the cluster changed hands, here or anywhere in
+// the group, less than takeoverWindow ago. Streams of one connection are one process's
+// (Istio's source opens a stream per collection it probes on its one connection, each
+// taking over at its first push). The caller holds cs.mu.
 func (h *Hub) competingLocked(cs *clusterState, s *Session, peer string) string {
+	elsewhere, tookOver := h.layer.GroupWriter(cs.name)
+	last := cs.lastTakeover
+	if tookOver.After(last) {
+		last = tookOver
+	}
+	if last.IsZero() || h.now().Sub(last) >= takeoverWindow {
+		return ""
+	}
+	ago := h.now().Sub(last).Round(time.Second)
+	if elsewhere != "" {
+		return fmt.Sprintf("cluster %q is written by another live stream (%s), and changed hands %s ago: two minions with one identity? The hubs keep one writer and refuse the other until that stream ends",
+			cs.name, elsewhere, ago)
+	}
 	w := cs.writer
-	if w == nil || w == s || w.info == nil || w.info.Peer == peer || cs.lastTakeover.IsZero() || h.now().Sub(cs.lastTakeover) >= takeoverWindow {
+	if w == nil || w == s || w.info == nil || w.info.Peer == peer {
 		return ""
 	}
 	return fmt.Sprintf("cluster %q is written by another live stream (from %s, identity %s), which took over %s ago: two minions with one identity? The hub keeps one writer and refuses the other until that stream ends",
-		cs.name, w.info.Peer, w.info.Identity, h.now().Sub(cs.lastTakeover).Round(time.Second))
+		cs.name, w.info.Peer, w.info.Identity, ago)
 }
 
 // refuseCompetingLocked records a stream refused for competing with the cluster's writer
@@ -178,12 +192,13 @@ func (h *Hub) refuseCompetingLocked(cs *clusterState, peer, identity, why string
 		cs.log.Warn("a stream competing with the cluster's writer refused (two minions with one identity?)", "peer", peer, "identity", identity, "suppressed", suppressed)
 		h.note(api.Event{Kind: api.EventTakeover, Cluster: cs.name, Reason: api.ReasonCompeting, Message: why})
 	}
-	return mcp.WithRetry(status.New(codes.FailedPrecondition, why), competingRetry)
+	return mcp.WithRetry(status.New(codes.FailedPrecondition, why), CompetingRetry)
 }
 
-// competingRetry is how soon a refused competing stream is told to retry: it takes over
-// once the writer's stream has ended.
-const competingRetry = 10 * time.Second
+// CompetingRetry is how soon a refused competing stream is told to retry: it takes over
+// once the writer's stream has ended. A replica ending a stream whose session a newer one
+// through another replica replaced tells it the same.
+const CompetingRetry = 10 * time.Second
 
 // competingLogs keeps one log line and event per cluster and refused peer per interval.
 var competingLogs = lograte.New(lograte.DefaultInterval, nil)

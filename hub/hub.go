@@ -531,3 +531,6 @@ func (h *Hub) serverConfig(auth func(context.Context) (string, error)) mcp.Serve
 	sc.Groups = h.streamGroups() // one for every listener: a tenant's limits span them all
 	return sc
 }
+
+// Now is the hub's clock (Options.Clock): a layer judges times by the core's.
+func (h *Hub) Now() time.Time { return h.now() }

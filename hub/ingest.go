@@ -173,10 +173,12 @@ func (h *Hub) applyPaced(ctx context.Context, s *Session, c *mcp.Change) error {
 // (whatever is rejected is never served), and NACKs with every rejected resource and why,
 // including those that lost a conflict.
 func (h *Hub) apply(s *Session, c *mcp.Change) error {
-	if !h.layer.MayWrite(s) {
-		return nil
-	}
 	cs := s.cs
+	if !h.layer.MayWrite(s) {
+		// Refused, not dropped: an ACK would tell the source the push is stored, and it would
+		// never send it again.
+		return status.Errorf(codes.Aborted, "cluster %q: this stream no longer writes the cluster (a newer session of it is the writer); reconnect to resend", cs.name)
+	}
 	if cs.isDeparted() {
 		// Its objects are kept as they were when it left (departure.go); a session that
 		// outlived its leaving writes nothing.

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -25,11 +26,20 @@ type Layer interface {
 	// SessionOpened, SessionDelivered and SessionClosed follow every session (a stream
 	// writing one cluster's state): opened, delivered every collection once (the cluster's
 	// state here is then the session's), ended. MayWrite is asked before each push of a
-	// session is applied: false drops it (the push is ACKed, nothing changes).
+	// session is applied: false refuses it (NACKed with Aborted, nothing changes). A push is
+	// never ACKed unapplied: its source would take it as stored and never send it again.
 	SessionOpened(*Session)
 	SessionDelivered(*Session)
 	SessionClosed(*Session)
 	MayWrite(*Session) bool
+
+	// GroupWriter tells the one-writer rule (competingLocked) about the cluster's writer
+	// beyond this hub: a description of it if it is a live session elsewhere (""
+	// otherwise), and when the cluster last changed hands from one live session to another
+	// anywhere the layer knows of (zero: never seen). A new stream of the cluster's source
+	// is judged by it as by a takeover here. It is called with the cluster's lock held and
+	// must not call the core.
+	GroupWriter(cluster string) (elsewhere string, tookOver time.Time)
 
 	// StateChanged reports each change of what a cluster holds, as received (the entries
 	// put, the names removed), in the order the store applied them. ClusterRemoved reports a
@@ -75,6 +85,7 @@ func (noLayer) SessionOpened(*Session)                                  {}
 func (noLayer) SessionDelivered(*Session)                               {}
 func (noLayer) SessionClosed(*Session)                                  {}
 func (noLayer) MayWrite(*Session) bool                                  { return true }
+func (noLayer) GroupWriter(string) (string, time.Time)                  { return "", time.Time{} }
 func (noLayer) StateChanged(string, string, []*mcp.Entry, []string)     {}
 func (noLayer) ClusterRemoved(string)                                   {}
 func (noLayer) ClusterRestored(string, uint64) bool                     { return true }
@@ -131,3 +142,15 @@ func (s *Session) Cluster() string { return s.cs.name }
 
 // Sink runs the session's stream (Sink.PullFrom for a stream the caller dials).
 func (s *Session) Sink() *mcp.Sink { return s.sink }
+
+// End ends the session's stream with err, the status its peer is told (a minion
+// reconnects, and its next stream resends what the hub does not hold). Nothing happens if
+// the stream is not open.
+func (s *Session) End(err error) {
+	s.cs.mu.Lock()
+	info := s.info
+	s.cs.mu.Unlock()
+	if info != nil {
+		info.CloseWith(err)
+	}
+}

@@ -269,7 +269,7 @@ func (k *Sink) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err e
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return info.endedWith(ctx.Err())
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				return nil

@@ -133,6 +133,7 @@ type StreamInfo struct {
 	latest  *mcppb.SinkNode
 	cancel  func()
 	resumes bool
+	ended   error // CloseWith's reason: what a served sink stream ends with
 }
 
 // PeerResumes reports whether the peer said it is this engine (ResumesHeader): it resumes
@@ -170,6 +171,29 @@ func (i *StreamInfo) Close() {
 	if c != nil {
 		c()
 	}
+}
+
+// CloseWith is Close with a reason: a stream in the sink role ends with err (its Serve
+// returns it), so a source that dialed in is told that gRPC status, such as a refusal's,
+// instead of a bare cancellation, and its log says why it must reconnect. Other roles end
+// as with Close.
+func (i *StreamInfo) CloseWith(err error) {
+	i.mu.Lock()
+	if i.ended == nil {
+		i.ended = err
+	}
+	i.mu.Unlock()
+	i.Close()
+}
+
+// endedWith returns CloseWith's reason, or otherwise (a plain Close, the server stopping).
+func (i *StreamInfo) endedWith(otherwise error) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.ended != nil {
+		return i.ended
+	}
+	return otherwise
 }
 
 func (i *StreamInfo) setCancel(c func()) {

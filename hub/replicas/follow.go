@@ -115,6 +115,9 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 // does. The caller holds l.mu.
 func (l *Layer) reconcileLocked(ctx context.Context, name string, auth map[string]membership.Authority, wg *sync.WaitGroup) bool {
 	c := l.repLocked(name)
+	if a, ok := auth[name]; ok {
+		l.endSupersededLocked(name, c, a)
+	}
 	if c.resyncing() {
 		// The minion is here: its stream is the freshest source and the only writer of the
 		// cluster's store until it syncs (and holds it) or ends.
@@ -234,7 +237,10 @@ func rendezvous(replica, key string) uint64 {
 }
 
 // noteChangesLocked records, as the hub's events, the replicas that joined or left and the
-// clusters whose authority moved since the last reconcile.
+// clusters whose authority moved since the last reconcile; an authority that moved to a
+// newer session while the previous one's holding is still there took over a live session
+// (a second minion with the cluster's identity, or one that reconnected before its old
+// stream was noticed dead), which GroupWriter tells the core.
 func (l *Layer) noteChangesLocked(rs []membership.Replica, auth map[string]membership.Authority) {
 	now := map[string]bool{}
 	for _, r := range rs {
@@ -249,14 +255,28 @@ func (l *Layer) noteChangesLocked(rs []membership.Replica, auth map[string]membe
 		}
 	}
 	for cluster, a := range auth {
-		if was, ok := l.seen.auth[cluster]; ok && was != a.Replica {
+		was, ok := l.seen.auth[cluster]
+		if !ok || was == a {
+			continue
+		}
+		if was.Replica != a.Replica {
 			// No Cluster: which replica holds a cluster is the vendor's, not its tenant's.
 			l.h.Note(api.Event{Kind: api.EventReplica, Reason: api.ReasonAuthority,
-				Message: fmt.Sprintf("cluster %s is now held by replica %s (epoch %d), was %s", cluster, a.Replica, a.Epoch, was)})
+				Message: fmt.Sprintf("cluster %s is now held by replica %s (epoch %d), was %s", cluster, a.Replica, a.Epoch, was.Replica)})
+		}
+		if a.Epoch > was.Epoch && stillHolds(rs, was.Replica, cluster, was.Epoch) {
+			l.noteTakeover(cluster)
 		}
 	}
-	l.seen.replicas, l.seen.auth = now, map[string]string{}
-	for cluster, a := range auth {
-		l.seen.auth[cluster] = a.Replica
+	l.seen.replicas, l.seen.auth = now, auth
+}
+
+// stillHolds reports whether replica holds cluster at epoch in the membership rs.
+func stillHolds(rs []membership.Replica, replica, cluster string, epoch uint64) bool {
+	for _, r := range rs {
+		if r.Name == replica {
+			return r.Holding[cluster] == epoch
+		}
 	}
+	return false
 }

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -51,14 +52,20 @@ type Layer struct {
 	join func(membership.Config, *slog.Logger) (members, error)
 	mem  atomic.Pointer[memberRef] // set by Start, before any stream is served
 
+	// tookOver is, per cluster, when this replica last saw it change hands from one live
+	// session to another (GroupWriter). Its own lock: the core asks under its cluster lock,
+	// which l.mu's holders take.
+	tmu      sync.Mutex
+	tookOver map[string]time.Time
+
 	mu        sync.Mutex // guards the following fields
 	clusters  map[string]*clusterRep
 	follows   map[*hub.Session]*follow // the sessions of the follows' streams
 	runs      map[string]bool          // dial-out tasks this replica runs
 	following map[string]string        // cluster -> what this replica follows it from
 	seen      struct {                 // the membership at the last reconcile, for its events
-		replicas map[string]bool   // nil before the first
-		auth     map[string]string // cluster -> replica holding it
+		replicas map[string]bool                 // nil before the first
+		auth     map[string]membership.Authority // cluster -> its authority
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -158,7 +159,7 @@ func (m *fakeMembers) Replicas() []membership.Replica {
 	defer m.mu.Unlock()
 	var out []membership.Replica
 	for r, addr := range m.addrs {
-		out = append(out, membership.Replica{Name: r, MCPAddr: addr})
+		out = append(out, membership.Replica{Name: r, MCPAddr: addr, Holding: maps.Clone(m.holds[r])})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -334,11 +335,17 @@ func TestHandover(t *testing.T) {
 	if fromA == nil || fromA.replica != "a" {
 		t.Fatalf("following %+v, want a", fromA)
 	}
-	tl.fm.set("b", "east", 2)
+	if _, at := tl.GroupWriter("east"); !at.IsZero() {
+		t.Errorf("east changed hands at %v before any second session", at)
+	}
+	tl.fm.set("b", "east", 2) // while a still holds epoch 1: b's session took over a live one
 	tl.reconcile()
 	fromB := tl.following("east")
 	if fromB == nil || fromB.replica != "b" || !fromA.retired.Load() {
 		t.Errorf("after the handover: following %+v, the follow from a retired %v", fromB, fromA.retired.Load())
+	}
+	if elsewhere, at := tl.GroupWriter("east"); !strings.Contains(elsewhere, "replica b") || at.IsZero() {
+		t.Errorf("the group's writer of east after b took over a's live session: %q, changed hands at %v", elsewhere, at)
 	}
 	tl.fm.set("a", "east", 0)
 	tl.fm.set("b", "east", 0)
@@ -512,6 +519,9 @@ func TestMembershipChangesAreEvents(t *testing.T) {
 	tl.fm.set("a", "east", 0)
 	tl.fm.set("b", "east", 2)
 	tl.reconcile()
+	if _, at := tl.GroupWriter("east"); !at.IsZero() {
+		t.Errorf("east moved from a, released, to b: taken for a takeover of a live session at %v", at)
+	}
 	tl.fm.mu.Lock()
 	delete(tl.fm.addrs, "a")
 	tl.fm.mu.Unlock()

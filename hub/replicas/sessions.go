@@ -1,7 +1,16 @@
 package replicas
 
 import (
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/api"
+	"github.com/meshfed/meshfed/hub/replicas/membership"
+	"github.com/meshfed/meshfed/mcp"
 )
 
 // The session rules. A replica's copy of a cluster has one writer at a time:
@@ -10,8 +19,12 @@ import (
 //   - once it has, this replica holds the cluster at a new epoch, and its peers follow the
 //     cluster from here;
 //   - a minion session whose epoch a newer session elsewhere has superseded (the minion
-//     reconnected to another replica before this stream was noticed dead) writes nothing;
-//     this replica follows the newer session;
+//     reconnected to another replica before this stream was noticed dead, or a second
+//     minion with the cluster's identity writes there) writes nothing and is ended, so that
+//     its minion reconnects and resends what the hub does not hold; this replica follows the
+//     newer session. Its minion's return is judged like any stream competing with the
+//     cluster's writer (GroupWriter: refused while the writer is live and the cluster
+//     changed hands less than the core's takeover window ago);
 //   - a follow writes until it is retired (a minion session here opened or synced) or
 //     stopped (the authority moved).
 
@@ -131,7 +144,7 @@ func (l *Layer) SessionClosed(s *hub.Session) {
 }
 
 // MayWrite: a retired follow writes nothing, nor does a minion session a newer one
-// elsewhere has superseded.
+// elsewhere has superseded (the core NACKs its pushes; the next reconciliation ends it).
 func (l *Layer) MayWrite(s *hub.Session) bool {
 	l.mu.Lock()
 	f := l.follows[s]
@@ -141,11 +154,76 @@ func (l *Layer) MayWrite(s *hub.Session) bool {
 		return !f.retired.Load()
 	}
 	m := l.members()
-	if epoch == 0 || m == nil {
-		return true // resyncing: newer than any session
+	if m == nil {
+		return true
 	}
 	replica, newest, ok := m.Authority(s.Cluster())
-	return !ok || replica == l.cfg.Name || newest <= epoch
+	return !ok || !l.superseded(epoch, membership.Authority{Replica: replica, Epoch: newest})
+}
+
+// superseded reports whether a minion session here holding epoch (0: it has not delivered
+// everything yet, so it is newer than any session) has been replaced by the session of
+// the cluster's authority a: another replica's, newer. Equal epochs (two sessions started
+// on both sides of a split) supersede neither: each side writes its own until the heal.
+func (l *Layer) superseded(epoch uint64, a membership.Authority) bool {
+	return epoch > 0 && a.Replica != l.cfg.Name && a.Epoch > epoch
+}
+
+// endSupersededLocked ends the cluster's minion sessions here that the session of its
+// authority a has superseded. Such a stream writes nothing (MayWrite) while this replica's
+// copy follows the newer session; left open, it would be the cluster's writer again once
+// that session ends, over a copy that is not its minion's state, and its minion, never told
+// otherwise, would not resend it (test/invariant's replicas-second-minion-superseded: an
+// object the writer publishes missing on every replica). Ended with a retryable refusal, its
+// minion reconnects: refused as competing while the newer session is live and the cluster
+// changed hands recently (GroupWriter), otherwise taking over like any returning minion and
+// sending what the hub does not hold. The caller holds l.mu.
+func (l *Layer) endSupersededLocked(cluster string, c *clusterRep, a membership.Authority) {
+	for s, epoch := range c.minion {
+		if !l.superseded(epoch, a) {
+			continue
+		}
+		l.noteTakeover(cluster)
+		why := fmt.Sprintf("cluster %q is written through replica %s by a newer session (epoch %d) than this stream's (epoch %d): two minions with one identity, or this one reconnected there; this stream writes nothing more",
+			cluster, a.Replica, a.Epoch, epoch)
+		l.log.Warn("a newer session of the cluster through another replica superseded a minion stream here: ending it", "cluster", cluster,
+			"replica", a.Replica, "epoch", a.Epoch, "superseded_epoch", epoch)
+		l.h.Note(api.Event{Kind: api.EventTakeover, Cluster: cluster, Reason: api.ReasonTakeover, Message: why})
+		s.End(mcp.WithRetry(status.New(codes.FailedPrecondition, why), hub.CompetingRetry))
+	}
+}
+
+// noteTakeover records that the cluster changed hands from one live session to another,
+// now, for GroupWriter.
+func (l *Layer) noteTakeover(cluster string) {
+	now := l.h.Now()
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	if l.tookOver == nil {
+		l.tookOver = map[string]time.Time{}
+	}
+	l.tookOver[cluster] = now
+}
+
+// GroupWriter: the cluster's writer is elsewhere when another replica holds it (its holding
+// lasts as long as the minion's stream there); the cluster changed hands when this replica
+// saw its authority move to a newer session while the previous one's was still held
+// (noteChangesLocked), or ended a session here that a newer one replaced. Called under the
+// core's cluster lock: it takes only tmu and the membership's own lock, never l.mu (whose
+// holders call the core).
+func (l *Layer) GroupWriter(cluster string) (string, time.Time) {
+	l.tmu.Lock()
+	at := l.tookOver[cluster]
+	l.tmu.Unlock()
+	m := l.members()
+	if m == nil {
+		return "", at
+	}
+	replica, epoch, ok := m.Authority(cluster)
+	if !ok || replica == l.cfg.Name {
+		return "", at
+	}
+	return fmt.Sprintf("its session of epoch %d, through replica %s", epoch, replica), at
 }
 
 // hold holds the cluster's session for the minion session s, unless it has ended, and

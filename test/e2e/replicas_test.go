@@ -390,7 +390,9 @@ func (s *sinkClient) version(collection, name string) string {
 
 // A minion stream that a newer session on another replica has replaced (the minion
 // reconnected elsewhere before this stream was noticed dead) writes nothing any more: the
-// replica follows the newer session, and a late push on the old stream is dropped.
+// replica follows the newer session and ends the old stream, and the old source's return
+// is refused as competing while the newer session is live, so its late push is not
+// applied.
 func TestReplicaSupersededSession(t *testing.T) {
 	cfg := func(name string, seeds ...string) *hub.Config {
 		c := replicaConfig(name, seeds...)
