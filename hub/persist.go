@@ -235,7 +235,9 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store,
 	if last.IsZero() {
 		last = h.now()
 	}
-	present = c.Synced && !mayLack && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
+	// A departed cluster's minion never comes to make up for what the file may lack: the
+	// layer decides (a replica's peers may have a newer copy; a single hub's counts).
+	present = c.Synced && (!mayLack || comp.departed[name]) && h.layer.ClusterRestored(name, c.Epoch)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored = last, last, present, true

@@ -63,7 +63,7 @@ func (l *Layer) restoredCopies() map[string]uint64 {
 // session of epoch: in the state file and for the peers. The caller holds l.mu, so that
 // both see the changes in the order they were made.
 func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
-	if !slices.Contains(l.h.ClusterNames(), cluster) {
+	if !slices.Contains(l.h.KeptClusters(), cluster) {
 		return // removed meanwhile (a delivery racing the removal): no copy to advertise
 	}
 	c.epoch, c.restored = epoch, false

@@ -75,7 +75,9 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	held, followed := map[string]bool{}, map[string]bool{}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	names := l.h.ClusterNames() // under l.mu: a cluster added meanwhile is not taken for a removed one
+	// Departed clusters too (their copies are exchanged like any other's). Under l.mu: a
+	// cluster added meanwhile is not taken for a removed one.
+	names := l.h.KeptClusters()
 	for name, c := range l.clusters {
 		if slices.Contains(names, name) {
 			continue
@@ -126,7 +128,9 @@ func (l *Layer) reconcileLocked(ctx context.Context, name string, auth map[strin
 		f = nil // retired by a session of this replica's own that has ended since
 	}
 	a, ok := auth[name]
-	if !ok {
+	if !ok || l.h.ClusterDeparted(name) {
+		// No replica holds it (a departed cluster's minion is refused everywhere: a holding
+		// still gossiped is its last session's, ending).
 		return l.copyLocked(ctx, name, c, f, wg) // copies.go
 	}
 	if a.Replica == l.cfg.Name {
