@@ -296,6 +296,11 @@ func (h *Hub) KeptClusters() []string {
 	return out
 }
 
+// ClusterTenant returns the tenant a kept cluster belongs to ("" without tenants).
+func (h *Hub) ClusterTenant(cluster string) string {
+	return h.current().comp.tenants.OfCluster(cluster)
+}
+
 // ClusterDeparted reports whether cluster left the configuration holding objects, which the
 // hub keeps (departure.go) until an operator confirms its removal or the configuration has
 // it again.

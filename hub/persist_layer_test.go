@@ -235,3 +235,30 @@ func TestDepartedRestoredHeldBackByTheLayer(t *testing.T) {
 		t.Errorf("confirmed: pending %v", b.pendingClusters())
 	}
 }
+
+// A replica keeps a cluster it does not know that its peers keep (Hub.KeepDeparted): as
+// departed, waited for by the warm-up until a copy of it has delivered; never one it knows.
+func TestKeepDepartedFromAPeer(t *testing.T) {
+	h := testHub(t, persistHub)
+	if h.KeepDeparted("east", "", "a") {
+		t.Error("a configured cluster was kept as departed")
+	}
+	if !h.KeepDeparted("south", "", "a") || !h.ClusterDeparted("south") || h.KeepDeparted("south", "", "b") {
+		t.Fatalf("south: departed %v", h.ClusterDeparted("south"))
+	}
+	if !slices.Contains(h.pendingClusters(), "south") {
+		t.Fatalf("pending %v: south's copy is not waited for", h.pendingClusters())
+	}
+	cp, err := h.OpenSession("south", SessionOptions{Away: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, coll := range []string{vsColl, drColl} {
+		if err := h.apply(cp, push(t, coll)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if slices.Contains(h.pendingClusters(), "south") {
+		t.Errorf("pending %v after south's copy delivered", h.pendingClusters())
+	}
+}

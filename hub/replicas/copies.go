@@ -69,7 +69,7 @@ func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
 	c.epoch, c.restored = epoch, false
 	l.h.SetClusterEpoch(cluster, epoch)
 	if m := l.members(); m != nil {
-		m.SetCopy(cluster, epoch, false)
+		m.SetCopy(cluster, l.h.ClusterTenant(cluster), epoch, false)
 	}
 }
 
@@ -106,12 +106,16 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 		if l.h.ConfirmRestored(name) {
 			l.log.Info("the copy restored from the state file is the newest the replicas have", "cluster", name, "epoch", mine)
 		}
-		m.SetCopy(name, mine, false)
+		m.SetCopy(name, l.h.ClusterTenant(name), mine, false)
 		return false
 	case have && mine >= best:
 		// This replica's copy is the newest there is (or as new).
-		if f != nil && f.copy && f.epoch == mine {
-			return true // keeps mirroring the copy it took: a staleness drop there reaches it
+		if f != nil && f.copy && f.epoch == mine && !l.h.ClusterDeparted(name) {
+			// Keeps mirroring the copy it took: a staleness drop there reaches it. Not a
+			// departed cluster's: no session changes it any more, and what changes it at
+			// the peer is that replica's own decision (its operator confirming the removal
+			// there, its staleness), not the cluster's.
+			return true
 		}
 		l.stopLocked(name, c, "no replica holds it")
 		return false
@@ -127,6 +131,42 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 		// has one (a fresh group waits for the minions): keep what this replica has.
 		l.stopLocked(name, c, "no replica holds it")
 		return false
+	}
+}
+
+// learnDeparted keeps, as departed, the clusters the peers have a copy of that this replica
+// does not know, once, when the group is first known (Members.Synced): a cluster removed
+// from the configuration while this replica was down (or before its state directory was
+// emptied) is, to it, what the hub does not know, which is kept, never empty, until an
+// operator confirms its removal here. The core waits for its copy in the warm-up
+// (Hub.KeepDeparted), which reconcile takes like any departed copy. Once only: a cluster
+// whose removal this replica's operator confirms afterwards is not taken back from a peer
+// that still keeps it (after a restart it is, as its operator's decision is not kept: a
+// known limit until replicas share operators' decisions).
+func (l *Layer) learnDeparted(m members) {
+	if l.learned.Load() || !m.Synced() {
+		return
+	}
+	l.learned.Store(true)
+	kept := l.h.KeptClusters()
+	for _, name := range m.CopiedClusters() {
+		if slices.Contains(kept, name) {
+			continue
+		}
+		copies := m.Copies(name)
+		if len(copies) == 0 {
+			continue // its peer left meanwhile
+		}
+		tenant := "" // a copy restored on its peer is gossiped without it (not confirmed yet)
+		for _, cp := range copies {
+			if cp.Tenant != "" {
+				tenant = cp.Tenant
+			}
+		}
+		if l.h.KeepDeparted(name, tenant, copies[0].Replica) {
+			l.log.Warn("a cluster this replica does not know is kept by its peers: kept here as departed, its copy taken from them, until an operator confirms its removal (hub breaker release)",
+				"cluster", name, "tenant", tenant)
+		}
 	}
 }
 

@@ -21,7 +21,7 @@ func restoredLayer(t *testing.T, epoch uint64, peers ...string) *testLayer {
 		t.Fatal("a restored copy counts as synced before the group is known")
 	}
 	for cluster, e := range tl.restoredCopies() { // what the membership starts with
-		tl.fm.SetCopy(cluster, e, true)
+		tl.fm.SetCopy(cluster, "", e, true)
 	}
 	return tl
 }
@@ -212,7 +212,7 @@ func TestDepartedCopyStaysOffered(t *testing.T) {
 // A departed cluster's copy older than a peer's (this replica was down when the cluster
 // changed, then removed) takes the peer's like any copy of a cluster no replica holds: a
 // copy stream (only a copy writes a departed cluster), which once delivered makes this
-// replica's copy of the peer's epoch.
+// replica's copy of the peer's epoch, and then stops.
 func TestDepartedCopyTakesAPeersNewer(t *testing.T) {
 	tl := newTestLayer(t, "a")
 	epoch := heldEast(t, tl)
@@ -228,6 +228,12 @@ func TestDepartedCopyTakesAPeersNewer(t *testing.T) {
 	tl.SessionDelivered(s)
 	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch+1 {
 		t.Errorf("after a's copy arrived, advertised %+v, want epoch %d", cp, epoch+1)
+	}
+	// Taken once, not mirrored: an operator confirming the removal on a must not withdraw
+	// east's objects here.
+	tl.reconcile()
+	if f := tl.following("east"); f != nil {
+		t.Errorf("still following %+v after the departed copy arrived", f)
 	}
 }
 
@@ -245,5 +251,34 @@ func TestRenamedCopyKeepsItsEpoch(t *testing.T) {
 	}
 	if cp := tl.fm.copyOf("east"); cp.Epoch != 0 {
 		t.Errorf("the old name's copy still advertised: %+v", cp)
+	}
+}
+
+// A replica keeps, once the group is first known, the departed clusters its peers keep a
+// copy of that it does not know (removed while it was down, or before it was wiped), and
+// takes their copy: before, it never had their objects again and served without them while
+// its peers kept them (replicas-departed-copy-lost-by-a-wiped-replica). Only once: a cluster
+// a peer keeps later (this replica's operator may have confirmed its removal here) is not.
+func TestDepartedClusterKeptFromPeers(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	tl.fm.setCopy("a", "south", 3, false)
+	tl.fm.unsynced = true
+	tl.reconcile()
+	if tl.h.ClusterDeparted("south") {
+		t.Fatal("kept before the group was known")
+	}
+	tl.fm.unsynced = false
+	tl.reconcile()
+	if !tl.h.ClusterDeparted("south") || slices.Contains(tl.h.ClusterNames(), "south") {
+		t.Fatalf("south departed %v, configured names %v: want kept as departed", tl.h.ClusterDeparted("south"), tl.h.ClusterNames())
+	}
+	f := tl.following("south")
+	if f == nil || !f.copy || f.epoch != 3 || !slices.Equal(f.peers, []string{"a"}) {
+		t.Fatalf("following %+v, want a's copy of epoch 3", f)
+	}
+	tl.fm.setCopy("a", "north", 2, false)
+	tl.reconcile()
+	if tl.h.ClusterDeparted("north") {
+		t.Error("a departed cluster was taken from a peer after the group was first known")
 	}
 }

@@ -84,7 +84,7 @@ func (l *Layer) ClusterRemoved(cluster string) {
 			c.epoch, c.restored = 0, false
 		}
 		if m := l.members(); m != nil {
-			m.SetCopy(cluster, 0, false)
+			m.SetCopy(cluster, "", 0, false)
 		}
 		l.mu.Unlock()
 	}
@@ -101,14 +101,15 @@ func (l *Layer) ClusterRemoved(cluster string) {
 func (l *Layer) ClusterRenamed(from, to string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	old := l.clusters[from]
-	if old == nil || old.epoch == 0 {
-		return
+	var epoch uint64 // 0: the state moved is of no session known (what to had is replaced all the same)
+	restored := false
+	if old := l.clusters[from]; old != nil {
+		epoch, restored = old.epoch, old.restored
 	}
 	c := l.repLocked(to)
-	c.epoch, c.restored = old.epoch, old.restored // the core moved its epoch with its state
+	c.epoch, c.restored = epoch, restored // the core moved its epoch with its state
 	if m := l.members(); m != nil {
-		m.SetCopy(to, c.epoch, c.restored)
+		m.SetCopy(to, l.h.ClusterTenant(to), c.epoch, c.restored)
 	}
 }
 
@@ -123,7 +124,7 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 	l := f.l
 	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
 	if !slices.Contains(l.h.KeptClusters(), cluster) {
-		return status.Errorf(codes.InvalidArgument, "%s %q is not a configured cluster", ForwardClusterAnnotation, cluster)
+		return status.Errorf(codes.InvalidArgument, "%s %q is not a cluster this replica keeps", ForwardClusterAnnotation, cluster)
 	}
 	departed := l.h.ClusterDeparted(cluster) // no session of it is live: only copies
 	if info.Node().GetAnnotations()[ForwardCopyAnnotation] == "true" {

@@ -71,6 +71,7 @@ func (l *Layer) followPeers(ctx context.Context) {
 // reconcile brings what this replica follows in line with the membership.
 func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	m := l.members()
+	l.learnDeparted(m) // before l.mu: the core's configuration lock orders before it
 	auth := m.Authorities()
 	held, followed := map[string]bool{}, map[string]bool{}
 	l.mu.Lock()
@@ -87,7 +88,7 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 		l.stopLocked(name, c, "")
 		// A delivery racing the removal may have advertised a copy again: peers must not
 		// try to take it.
-		m.SetCopy(name, 0, false)
+		m.SetCopy(name, "", 0, false)
 		if len(c.minion) == 0 {
 			delete(l.clusters, name)
 			l.metrics.forget(name)

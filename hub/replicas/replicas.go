@@ -50,6 +50,9 @@ type Layer struct {
 	// join starts the membership (membership.Start; tests give a fake).
 	join func(membership.Config, *slog.Logger) (members, error)
 	mem  atomic.Pointer[memberRef] // set by Start, before any stream is served
+	// learned: the departed clusters the group kept when it was first known are kept here
+	// too (learnDeparted), once.
+	learned atomic.Bool
 
 	mu        sync.Mutex // guards the following fields
 	clusters  map[string]*clusterRep
@@ -97,8 +100,9 @@ type members interface {
 	Holds(cluster string) bool
 	Authority(cluster string) (replica string, epoch uint64, ok bool)
 	Authorities() map[string]membership.Authority
-	SetCopy(cluster string, epoch uint64, restored bool)
+	SetCopy(cluster, tenant string, epoch uint64, restored bool)
 	Copies(cluster string) []membership.Copy
+	CopiedClusters() []string
 	Synced() bool
 	Replicas() []membership.Replica
 	Changed() <-chan struct{}
