@@ -71,6 +71,13 @@ func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
 	if m := l.members(); m != nil {
 		m.SetCopy(cluster, l.h.ClusterTenant(cluster), epoch, false)
 	}
+	if f := c.follow; f != nil && f.copy && l.h.ClusterDeparted(cluster) {
+		// A departed cluster's copy is taken once, and stops as soon as it has arrived (not
+		// at the next reconciliation): no session changes it any more, and what changes it
+		// on the peer afterwards (its operator confirming the removal there, its staleness)
+		// is that replica's decision, not the cluster's.
+		l.stopLocked(cluster, c, "")
+	}
 }
 
 // copyEpoch is the epoch of this replica's copy of cluster that peers may take (0: none
@@ -110,11 +117,9 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 		return false
 	case have && mine >= best:
 		// This replica's copy is the newest there is (or as new).
-		if f != nil && f.copy && f.epoch == mine && !l.h.ClusterDeparted(name) {
-			// Keeps mirroring the copy it took: a staleness drop there reaches it. Not a
-			// departed cluster's: no session changes it any more, and what changes it at
-			// the peer is that replica's own decision (its operator confirming the removal
-			// there, its staleness), not the cluster's.
+		if f != nil && f.copy && f.epoch == mine {
+			// Keeps mirroring the copy it took: a staleness drop there reaches it (not a
+			// departed cluster's, stopped once taken: setEpochLocked).
 			return true
 		}
 		l.stopLocked(name, c, "no replica holds it")

@@ -229,11 +229,10 @@ func TestDepartedCopyTakesAPeersNewer(t *testing.T) {
 	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch+1 {
 		t.Errorf("after a's copy arrived, advertised %+v, want epoch %d", cp, epoch+1)
 	}
-	// Taken once, not mirrored: an operator confirming the removal on a must not withdraw
-	// east's objects here.
-	tl.reconcile()
-	if f := tl.following("east"); f != nil {
-		t.Errorf("still following %+v after the departed copy arrived", f)
+	// Taken once, not mirrored, from the moment it arrived: an operator confirming the
+	// removal on a must not withdraw east's objects here.
+	if g := tl.following("east"); g != nil || !f.retired.Load() {
+		t.Errorf("still following %+v after the departed copy arrived (retired %v)", g, f.retired.Load())
 	}
 }
 
