@@ -32,6 +32,11 @@ import (
 // confirmed when nothing newer exists (ConfirmRestored), or replaced by a follow or a copy.
 // A replica without a copy waits for the same before it takes one, for the same reason. A
 // held cluster does not wait: its holder is followed as soon as it is known.
+//
+// A departed cluster (removed from the configuration while it held objects, kept by the core
+// until an operator confirms) is a cluster no replica holds: its copy keeps its epoch and is
+// decided by the same rules, taken once (not mirrored), and a replica that does not know it
+// keeps it when its peers do (learnDeparted).
 
 // ClusterRestored records a copy restored from the state file at epoch: held back until
 // the group is known (see above), so it does not count as synced yet.
