@@ -301,6 +301,22 @@ func (h *Hub) ClusterNames() []string {
 	return out
 }
 
+// KeptClusters returns the names of the clusters the hub keeps a state of, sorted: the
+// configured ones and those that left the configuration holding objects (departure.go),
+// whose copies replicas exchange like any other cluster's.
+func (h *Hub) KeptClusters() []string {
+	var out []string
+	for _, cs := range h.clusterList() {
+		out = append(out, cs.name)
+	}
+	return out
+}
+
+// ClusterTenant returns the tenant a kept cluster belongs to ("" without tenants).
+func (h *Hub) ClusterTenant(cluster string) string {
+	return h.current().comp.tenants.OfCluster(cluster)
+}
+
 // ClusterDeparted reports whether cluster left the configuration holding objects, which the
 // hub keeps (departure.go) until an operator confirms its removal or the configuration has
 // it again.
@@ -384,7 +400,9 @@ func (h *Hub) sessionOpened(s *Session, info *mcp.StreamInfo) {
 		defer cs.writeMu.Unlock()
 	}
 	cs.mu.Lock()
-	if cs.removed || cs.departed != nil { // no identity is it any more: a stream that opened late
+	if cs.removed || cs.departed != nil && !s.away {
+		// No identity is it any more (a stream that opened late): only a copy kept
+		// elsewhere of what it last published (a replica's peer's) may still write it.
 		cs.mu.Unlock()
 		info.Close()
 		return
@@ -554,7 +572,9 @@ func (h *Hub) pendingClusters() []string {
 	var out []string
 	for _, cs := range h.clusterList() {
 		cs.mu.Lock()
-		if !cs.synced && cs.departed == nil { // a departed cluster has no minion to wait for
+		// A departed cluster has no minion to wait for; but a copy of it the layer holds
+		// back (a replica's peers may have a newer one) is waited for like any other.
+		if !cs.synced && (cs.departed == nil || cs.unconfirmed) {
 			out = append(out, cs.name)
 		}
 		cs.mu.Unlock()

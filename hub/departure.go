@@ -95,15 +95,18 @@ func (h *Hub) rename(from, to *clusterState) error {
 	if err := h.store.transfer(from.data, to.data); err != nil {
 		return err
 	}
+	h.layer.ClusterRenamed(from.name, to.name)
 	from.mu.Lock()
-	synced, last, away := from.synced, from.lastContact, from.disconnectedAt
+	synced, unconfirmed, epoch, last, away := from.synced, from.unconfirmed, from.epoch, from.lastContact, from.disconnectedAt
 	unknown, mayLack, restored := from.unknown, from.mayLack, from.restored
 	if from.connected > 0 {
 		away = h.now() // its streams are closed as it leaves
 	}
 	from.mu.Unlock()
 	to.mu.Lock()
-	to.synced, to.lastContact, to.disconnectedAt = synced, last, away
+	// The same session's state, at its epoch (a replica's peers take it by that epoch), held
+	// back by the layer if it was, with what the hub does not know of it.
+	to.synced, to.unconfirmed, to.epoch, to.lastContact, to.disconnectedAt = synced, unconfirmed, epoch, last, away
 	to.mayLack, to.restored = mayLack, restored
 	if unknown == "" {
 		h.knownLocked(to, "its old name's known state replaced what it kept") // a departed copy whose state was unknown
@@ -124,6 +127,18 @@ func (h *Hub) rename(from, to *clusterState) error {
 	h.note(api.Event{Kind: api.EventCluster, Cluster: to.name, Reason: api.ReasonRenamed,
 		Message: fmt.Sprintf("renamed from %q by the configuration (its identity is this cluster's now): it has what %q held", from.name, from.name)})
 	return nil
+}
+
+// holdDepartedCopy holds what a copy of a departed cluster put (Hub.apply stores it without
+// the ownership check: a departed cluster owns nothing) as every object of a departed
+// cluster is held, by the one judgement of what the configuration no longer allows: a
+// reload's re-check, under the configuration live now (configMu: a reload that configures
+// the cluster again meanwhile judges it as configured, with the ownership it has then). It
+// walks the whole store, which only the copy exchange of a departed cluster pays, rarely.
+func (h *Hub) holdDepartedCopy() {
+	h.configMu.Lock()
+	defer h.configMu.Unlock()
+	h.recheckOwnership(h.current().comp, "a replica's copy of a cluster that left the configuration")
 }
 
 // departedTenants are the departed clusters of comp (name → tenant).

@@ -179,10 +179,16 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		// never send it again.
 		return status.Errorf(codes.Aborted, "cluster %q: this stream no longer writes the cluster (a newer session of it is the writer); reconnect to resend", cs.name)
 	}
+	// Its objects are kept as they were when it left (departure.go); a session that outlived
+	// its leaving writes nothing. A copy of them kept elsewhere (a replica's peer's, Away)
+	// still may: it is what the cluster last published too, perhaps newer than what this
+	// hub kept (hub/replicas exchanges departed clusters' copies like any other's).
+	departedCopy := false
 	if cs.isDeparted() {
-		// Its objects are kept as they were when it left (departure.go); a session that
-		// outlived its leaving writes nothing.
-		return status.Errorf(codes.PermissionDenied, "cluster %q left the hub's configuration; what it last published is kept until an operator confirms its removal", cs.name)
+		if !s.away {
+			return status.Errorf(codes.PermissionDenied, "cluster %q left the hub's configuration; what it last published is kept until an operator confirms its removal", cs.name)
+		}
+		departedCopy = true
 	}
 	if s.own && s.sink != nil {
 		cs.writeMu.Lock()
@@ -232,7 +238,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		if err == nil && !decoded {
 			hosts, err = acl.Hosts(c.Collection, r.GetBody().GetValue())
 		}
-		if err == nil {
+		if err == nil && !departedCopy { // a departed cluster owns nothing: its objects are held, below
 			err = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
 			reason = checkReason(err)
 		}
@@ -264,6 +270,9 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
 	h.breakerChanged(cs, c.Collection, res.breaker)
+	if departedCopy {
+		h.holdDepartedCopy()
+	}
 	for _, r := range res.refused {
 		rejected, reasons = append(rejected, r), append(reasons, api.ReasonOverQuota)
 	}

@@ -47,6 +47,10 @@ type Layer interface {
 	// sessions were told to close (each one's SessionClosed comes when its stream ends).
 	StateChanged(cluster, collection string, put []*mcp.Entry, removed []string)
 	ClusterRemoved(cluster string)
+	// ClusterRenamed reports that a reload renamed a cluster: the store moved from's state
+	// to to (store.transfer), so to's copy is from's, of the same session. from's
+	// ClusterRemoved follows.
+	ClusterRenamed(from, to string)
 
 	// ClusterRestored is told, at the start (before Start and before any stream), of each
 	// cluster whose whole state was restored from the state file, with the epoch that state
@@ -88,6 +92,7 @@ func (noLayer) MayWrite(*Session) bool                                  { return
 func (noLayer) GroupWriter(string) (string, time.Time)                  { return "", time.Time{} }
 func (noLayer) StateChanged(string, string, []*mcp.Entry, []string)     {}
 func (noLayer) ClusterRemoved(string)                                   {}
+func (noLayer) ClusterRenamed(string, string)                           {}
 func (noLayer) ClusterRestored(string, uint64) bool                     { return true }
 func (noLayer) RunTask(ctx context.Context, _ string, run func(context.Context)) {
 	run(ctx)

@@ -171,42 +171,72 @@ func (h *Hub) unknownAtStart(state *durable.State) map[string]string {
 // the cluster published. Each is kept under the tenant it belonged to; one whose tenant is
 // not configured either has no place, and is not kept.
 func (h *Hub) keepDeparted(state *durable.State, st *durable.Store) {
-	cur := h.current()
-	keep := departedTenants(cur.comp)
-	var added []string
+	added := map[string]string{}
 	for name, c := range state.Clusters {
-		if cur.comp.known(name) || len(c.Collections) == 0 && state.Damaged[name] == "" {
+		if h.current().comp.known(name) || len(c.Collections) == 0 && state.Damaged[name] == "" {
 			continue
 		}
-		// A damaged one is kept too, unknown (below): what the file cannot vouch for may
+		// A damaged one is kept too, unknown (openState): what the file cannot vouch for may
 		// be a cluster renamed in a run whose writes were lost. A name damage made up is
 		// then an unknown departed cluster, which an operator confirms away.
-		keep[name] = c.Tenant // "" without tenants: at the top level
-		added = append(added, name)
+		added[name] = c.Tenant // "" without tenants: at the top level
 	}
+	h.addDeparted(added, "the configuration the hub started with does not have it", false)
+}
+
+// addDeparted adds the clusters of added (name → the tenant it belonged to), which the hub
+// does not keep, as departed (departure.go), with cause; awaited ones are waited for by the
+// warm-up until a session (a replica's copy) has delivered their state. It returns those it
+// added: one whose tenant is not configured has no place. The caller orders it with the
+// configuration's other changes (configMu, or the start).
+func (h *Hub) addDeparted(added map[string]string, cause string, awaited bool) []string {
 	if len(added) == 0 {
-		return
+		return nil
+	}
+	cur := h.current()
+	keep := departedTenants(cur.comp)
+	for name, tenant := range added {
+		keep[name] = tenant
 	}
 	comp, err := withDeparted(cur.cfg, keep).compile()
 	if err != nil { // the file compiled alone: entries that own nothing cannot make it fail
 		h.log.Error("keeping the clusters that left the configuration", "err", err)
-		return
+		return nil
 	}
 	h.live.Store(&live{cfg: cur.cfg, comp: comp})
 	h.store.retenant(comp)
 	h.store.setPolicy(ConflictPolicy{Priority: cur.cfg.Conflicts.Priority, Departed: comp.departed})
-	sort.Strings(added)
+	var out []string
 	h.clustersMu.Lock()
 	defer h.clustersMu.Unlock()
-	for _, name := range added {
-		if !comp.known(name) {
+	for _, name := range slices.Sorted(maps.Keys(added)) {
+		if !comp.known(name) || h.clusters[name] != nil {
 			continue // its tenant is not configured
 		}
 		cs := h.addClusterLocked(name)
-		cs.departed = &departure{since: h.now(), tenant: keep[name], cause: "the configuration the hub started with does not have it"}
+		cs.departed = &departure{since: h.now(), tenant: keep[name], cause: cause}
+		cs.unconfirmed = awaited
+		out = append(out, name)
 		h.note(api.Event{Kind: api.EventCluster, Tenant: keep[name], Cluster: name, Reason: api.ReasonDeparted,
-			Message: fmt.Sprintf("not in the configuration the hub started with: its last-known objects stay served until an operator confirms (hub breaker release %s) or the configuration has it again", name)})
+			Message: fmt.Sprintf("%s: its last-known objects stay served until an operator confirms (hub breaker release %s) or the configuration has it again", cause, name)})
 	}
+	return out
+}
+
+// KeepDeparted keeps, as departed, a cluster the hub does not know that a replica's peers
+// keep a copy of (tenant: the one it belongs to there): removed from the configuration
+// while this replica was down, or before its state directory was emptied, it is what the
+// hub does not know, which is kept, never empty. The warm-up waits for its copy (the layer
+// takes it from a peer) as it waits for a restored one held back. It reports whether it
+// added it.
+func (h *Hub) KeepDeparted(cluster, tenant, peer string) bool {
+	h.configMu.Lock()
+	defer h.configMu.Unlock()
+	if h.current().comp.known(cluster) {
+		return false
+	}
+	added := h.addDeparted(map[string]string{cluster: tenant}, fmt.Sprintf("not in this replica's configuration, and kept by replica %s", peer), true)
+	return len(added) == 1
 }
 
 // restoreCluster puts c's resources into the store as cluster's, and its last contact,
@@ -257,7 +287,10 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store,
 	if last.IsZero() {
 		last = h.now()
 	}
-	present = c.Synced && mayLack == "" && (comp.departed[name] || h.layer.ClusterRestored(name, c.Epoch))
+	// A departed cluster's minion never comes to make up for what the file may lack: the
+	// layer decides (a replica's peers may have a newer copy; a single hub's counts, and a
+	// departed copy that may lack its last changes is unknown: openState).
+	present = c.Synced && (mayLack == "" || comp.departed[name]) && h.layer.ClusterRestored(name, c.Epoch)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored, cs.mayLack = last, last, present, true, mayLack

@@ -165,3 +165,100 @@ func TestRenameIsNoDeletionForTheLayer(t *testing.T) {
 		}
 	}
 }
+
+// A departed cluster is written by nothing but a copy of it kept elsewhere (a replica's
+// peer's: an Away session): what the copy brings is stored and served, and held as every
+// object of a departed cluster is (its breaker open, counting them). Without this, a replica
+// that was down at the removal kept its older copy while its peers had the newer one
+// (test/invariant's replica world: replicas-departed-copy-of-a-replica-down-at-the-removal).
+func TestDepartedClusterWrittenByACopyOnly(t *testing.T) {
+	h := testHub(t, persistHub)
+	mustApply(t, h, "east", push(t, vsColl, "shop/a"))
+	own, err := h.OpenSession("east", SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reload(t, h, strings.Replace(persistHub, "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n", "", 1))
+	if !h.ClusterDeparted("east") {
+		t.Fatal("east did not depart")
+	}
+	if err := h.apply(own, push(t, vsColl, "shop/a", "shop/x")); err == nil {
+		t.Error("a session of the departed cluster that is not a copy wrote it")
+	}
+	cp, err := h.OpenSession("east", SessionOptions{Away: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.apply(cp, push(t, vsColl, "shop/a", "shop/b")); err != nil {
+		t.Fatalf("a copy of the departed cluster: %v", err)
+	}
+	if got := servedBytes(t, h, vsColl); len(got) != 2 || got["shop/a"] == nil || got["shop/b"] == nil {
+		t.Errorf("served: %v, want shop/a and shop/b", got)
+	}
+	for _, c := range h.Clusters() {
+		if c.Name == "east" && (c.Departed == nil || c.Breaker == nil || !c.Breaker.Open || c.Breaker.Held != 2) {
+			t.Errorf("east after its copy arrived: departed %v, breaker %+v; want both objects held", c.Departed, c.Breaker)
+		}
+	}
+}
+
+// A departed cluster restored from the state file is told to the layer like any other, which
+// may hold it back (a replica's peers may have a newer copy of it): the hub is not ready on
+// it until the layer confirms it or a copy replaces it. A single hub's counts at once.
+func TestDepartedRestoredHeldBackByTheLayer(t *testing.T) {
+	dir := t.TempDir()
+	a, _, stop := layeredHub(t, dir)
+	mustApply(t, a, "east", push(t, vsColl, "shop/a"))
+	mustApply(t, a, "east", push(t, drColl))
+	a.SetClusterEpoch("east", 4)
+	stop()
+
+	cfg, err := ParseConfig([]byte(strings.Replace(persistHub, "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n", "", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.StateDir = dir
+	l := &heldBackLayer{restored: map[string]uint64{}}
+	b, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Layer: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testrun.Start(t, "hub Run", b.Run)
+	testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := b.Addrs(); return s != "" })
+	if !b.ClusterDeparted("east") || l.told()["east"] != 4 {
+		t.Fatalf("departed %v; the layer was told %v, want east at epoch 4", b.ClusterDeparted("east"), l.told())
+	}
+	if !slices.Contains(b.pendingClusters(), "east") {
+		t.Fatalf("pending %v: the departed copy the layer holds back is not waited for", b.pendingClusters())
+	}
+	if !b.ConfirmRestored("east") || slices.Contains(b.pendingClusters(), "east") {
+		t.Errorf("confirmed: pending %v", b.pendingClusters())
+	}
+}
+
+// A replica keeps a cluster it does not know that its peers keep (Hub.KeepDeparted): as
+// departed, waited for by the warm-up until a copy of it has delivered; never one it knows.
+func TestKeepDepartedFromAPeer(t *testing.T) {
+	h := testHub(t, persistHub)
+	if h.KeepDeparted("east", "", "a") {
+		t.Error("a configured cluster was kept as departed")
+	}
+	if !h.KeepDeparted("south", "", "a") || !h.ClusterDeparted("south") || h.KeepDeparted("south", "", "b") {
+		t.Fatalf("south: departed %v", h.ClusterDeparted("south"))
+	}
+	if !slices.Contains(h.pendingClusters(), "south") {
+		t.Fatalf("pending %v: south's copy is not waited for", h.pendingClusters())
+	}
+	cp, err := h.OpenSession("south", SessionOptions{Away: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, coll := range []string{vsColl, drColl} {
+		if err := h.apply(cp, push(t, coll)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if slices.Contains(h.pendingClusters(), "south") {
+		t.Errorf("pending %v after south's copy delivered", h.pendingClusters())
+	}
+}

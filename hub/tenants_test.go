@@ -67,3 +67,30 @@ func TestVendorOperatorsListed(t *testing.T) {
 		}
 	}
 }
+
+// A departed cluster kept from a replica's peer (Hub.KeepDeparted) is kept under the tenant
+// it belongs to there: its copy reaches that tenant's open views, not another's; one whose
+// tenant is not configured here has no place.
+func TestKeepDepartedUnderItsTenant(t *testing.T) {
+	h := testHub(t, twoTenants)
+	acme, globex := watchAs(t, h, "acme-1", ""), watchAs(t, h, "globex-1", "")
+	if h.KeepDeparted("south", "initech", "a") {
+		t.Error("kept under a tenant that is not configured")
+	}
+	if !h.KeepDeparted("south", "acme", "a") {
+		t.Fatal("not kept")
+	}
+	cp, err := h.OpenSession("south", SessionOptions{Away: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.apply(cp, push(t, vsColl, "shop/x")); err != nil {
+		t.Fatal(err)
+	}
+	if got := acme.names(vsColl); got != "shop/x" {
+		t.Errorf("acme's sink has %q, want south's shop/x", got)
+	}
+	if got := globex.names(vsColl); got != "" {
+		t.Errorf("globex's sink has %q", got)
+	}
+}

@@ -32,6 +32,11 @@ import (
 // confirmed when nothing newer exists (ConfirmRestored), or replaced by a follow or a copy.
 // A replica without a copy waits for the same before it takes one, for the same reason. A
 // held cluster does not wait: its holder is followed as soon as it is known.
+//
+// A departed cluster (removed from the configuration while it held objects, kept by the core
+// until an operator confirms) is a cluster no replica holds: its copy keeps its epoch and is
+// decided by the same rules, taken once (not mirrored), and a replica that does not know it
+// keeps it when its peers do (learnDeparted).
 
 // ClusterRestored records a copy restored from the state file at epoch: held back until
 // the group is known (see above), so it does not count as synced yet.
@@ -63,13 +68,20 @@ func (l *Layer) restoredCopies() map[string]uint64 {
 // session of epoch: in the state file and for the peers. The caller holds l.mu, so that
 // both see the changes in the order they were made.
 func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
-	if !slices.Contains(l.h.ClusterNames(), cluster) {
+	if !slices.Contains(l.h.KeptClusters(), cluster) {
 		return // removed meanwhile (a delivery racing the removal): no copy to advertise
 	}
 	c.epoch, c.restored = epoch, false
 	l.h.SetClusterEpoch(cluster, epoch)
 	if m := l.members(); m != nil {
-		m.SetCopy(cluster, epoch, false)
+		m.SetCopy(cluster, l.h.ClusterTenant(cluster), epoch, false)
+	}
+	if f := c.follow; f != nil && f.copy && l.h.ClusterDeparted(cluster) {
+		// A departed cluster's copy is taken once, and stops as soon as it has arrived (not
+		// at the next reconciliation): no session changes it any more, and what changes it
+		// on the peer afterwards (its operator confirming the removal there, its staleness)
+		// is that replica's decision, not the cluster's.
+		l.stopLocked(cluster, c, "")
 	}
 }
 
@@ -106,12 +118,14 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 		if l.h.ConfirmRestored(name) {
 			l.log.Info("the copy restored from the state file is the newest the replicas have", "cluster", name, "epoch", mine)
 		}
-		m.SetCopy(name, mine, false)
+		m.SetCopy(name, l.h.ClusterTenant(name), mine, false)
 		return false
 	case have && mine >= best:
 		// This replica's copy is the newest there is (or as new).
 		if f != nil && f.copy && f.epoch == mine {
-			return true // keeps mirroring the copy it took: a staleness drop there reaches it
+			// Keeps mirroring the copy it took: a staleness drop there reaches it (not a
+			// departed cluster's, stopped once taken: setEpochLocked).
+			return true
 		}
 		l.stopLocked(name, c, "no replica holds it")
 		return false
@@ -127,6 +141,42 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 		// has one (a fresh group waits for the minions): keep what this replica has.
 		l.stopLocked(name, c, "no replica holds it")
 		return false
+	}
+}
+
+// learnDeparted keeps, as departed, the clusters the peers have a copy of that this replica
+// does not know, once, when the group is first known (Members.Synced): a cluster removed
+// from the configuration while this replica was down (or before its state directory was
+// emptied) is, to it, what the hub does not know, which is kept, never empty, until an
+// operator confirms its removal here. The core waits for its copy in the warm-up
+// (Hub.KeepDeparted), which reconcile takes like any departed copy. Once only: a cluster
+// whose removal this replica's operator confirms afterwards is not taken back from a peer
+// that still keeps it (after a restart it is, as its operator's decision is not kept: a
+// known limit until replicas share operators' decisions).
+func (l *Layer) learnDeparted(m members) {
+	if l.learned.Load() || !m.Synced() {
+		return
+	}
+	l.learned.Store(true)
+	kept := l.h.KeptClusters()
+	for _, name := range m.CopiedClusters() {
+		if slices.Contains(kept, name) {
+			continue
+		}
+		copies := m.Copies(name)
+		if len(copies) == 0 {
+			continue // its peer left meanwhile
+		}
+		tenant := "" // a copy restored on its peer is gossiped without it (not confirmed yet)
+		for _, cp := range copies {
+			if cp.Tenant != "" {
+				tenant = cp.Tenant
+			}
+		}
+		if l.h.KeepDeparted(name, tenant, copies[0].Replica) {
+			l.log.Warn("a cluster this replica does not know is kept by its peers: kept here as departed, its copy taken from them, until an operator confirms its removal (hub breaker release)",
+				"cluster", name, "tenant", tenant)
+		}
 	}
 }
 

@@ -1,8 +1,15 @@
 package replicas
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/anypb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/meshfed/meshfed/hub"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -14,7 +21,7 @@ func restoredLayer(t *testing.T, epoch uint64, peers ...string) *testLayer {
 		t.Fatal("a restored copy counts as synced before the group is known")
 	}
 	for cluster, e := range tl.restoredCopies() { // what the membership starts with
-		tl.fm.SetCopy(cluster, e, true)
+		tl.fm.SetCopy(cluster, "", e, true)
 	}
 	return tl
 }
@@ -138,5 +145,139 @@ func TestSessionAfterARestoreIsNewer(t *testing.T) {
 	}
 	if tl.restored() || tl.fm.copyOf("east").Epoch != 6 {
 		t.Errorf("restored %v, advertised %+v", tl.restored(), tl.fm.copyOf("east"))
+	}
+}
+
+// heldEast makes replica tl's copy of east the state of a session it held (its minion's),
+// at the epoch the membership gave it, with one object; the session has ended since (the
+// minion is away). It returns that epoch.
+func heldEast(t *testing.T, tl *testLayer) uint64 {
+	t.Helper()
+	body, _ := anypb.New(&networking.VirtualService{Hosts: []string{"x"}})
+	r := &mcpapi.Resource{Metadata: &mcpapi.Metadata{Name: "shop/a", Version: "1"}, Body: body}
+	e, err := mcp.NewEntry(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.h.Apply("east", &mcp.Change{Collection: vs, Entries: []*mcp.Entry{e}, Resources: []*mcpapi.Resource{r}}); err != nil {
+		t.Fatal(err)
+	}
+	m := tl.minionSession(t, "east")
+	tl.SessionDelivered(m)
+	tl.SessionClosed(m)
+	epoch := tl.fm.copyOf("east").Epoch
+	if epoch == 0 || tl.fm.Holds("east") {
+		t.Fatalf("east's copy advertised %+v, held %v", tl.fm.copyOf("east"), tl.fm.Holds("east"))
+	}
+	return epoch
+}
+
+// reloadYAML reloads tl's hub with layerConfig changed by the replacer's pairs.
+func reloadYAML(t *testing.T, tl *testLayer, oldnew ...string) {
+	t.Helper()
+	cfg, err := hub.ParseConfig([]byte(strings.NewReplacer(oldnew...).Replace(layerConfig)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tl.h.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const eastEntry = "- {name: east, identities: [east], namespaces: [shop], hosts: [\"*\"]}\n"
+
+// A departed cluster's copy stays offered at its epoch (its objects are kept until an
+// operator confirms: a peer without them, wiped or down at the removal, takes them), and
+// configured again it is still offered at that epoch: before, its epoch was reset at the
+// departure and no peer could take it (test/invariant's replica world:
+// replicas-departed-copy-lost-by-a-wiped-replica, replicas-renamed-cluster-copy-not-taken).
+func TestDepartedCopyStaysOffered(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	epoch := heldEast(t, tl)
+	reloadYAML(t, tl, eastEntry, "")
+	tl.reconcile()
+	if !tl.h.ClusterDeparted("east") {
+		t.Fatal("east did not depart")
+	}
+	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch || cp.Restored || tl.copyEpoch("east") != epoch {
+		t.Fatalf("departed east's copy advertised %+v, given at epoch %d; want epoch %d", cp, tl.copyEpoch("east"), epoch)
+	}
+	reloadYAML(t, tl)
+	tl.reconcile()
+	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch || tl.copyEpoch("east") != epoch {
+		t.Errorf("east configured again: copy advertised %+v, want epoch %d", cp, epoch)
+	}
+}
+
+// A departed cluster's copy older than a peer's (this replica was down when the cluster
+// changed, then removed) takes the peer's like any copy of a cluster no replica holds: a
+// copy stream (only a copy writes a departed cluster), which once delivered makes this
+// replica's copy of the peer's epoch, and then stops.
+func TestDepartedCopyTakesAPeersNewer(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	epoch := heldEast(t, tl)
+	reloadYAML(t, tl, eastEntry, "")
+	tl.fm.setCopy("a", "east", epoch+1, false)
+	tl.fm.set("a", "east", epoch+1) // a holding still gossiped: the session it ends
+	tl.reconcile()
+	f := tl.following("east")
+	if f == nil || !f.copy || f.epoch != epoch+1 || !slices.Equal(f.peers, []string{"a"}) {
+		t.Fatalf("following %+v, want a's copy of epoch %d", f, epoch+1)
+	}
+	s := tl.followSession(t, "east", f)
+	tl.SessionDelivered(s)
+	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch+1 {
+		t.Errorf("after a's copy arrived, advertised %+v, want epoch %d", cp, epoch+1)
+	}
+	// Taken once, not mirrored, from the moment it arrived: an operator confirming the
+	// removal on a must not withdraw east's objects here.
+	if g := tl.following("east"); g != nil || !f.retired.Load() {
+		t.Errorf("still following %+v after the departed copy arrived (retired %v)", g, f.retired.Load())
+	}
+}
+
+// A rename carries the cluster's copy over to its new name at its epoch (the same session's
+// state moved): before, the new name's copy had none, so no peer offered it and a replica
+// without a copy (wiped) never took it (replicas-renamed-cluster-copy-not-taken). The old
+// name offers nothing any more.
+func TestRenamedCopyKeepsItsEpoch(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	epoch := heldEast(t, tl)
+	reloadYAML(t, tl, "{name: east,", "{name: east2,")
+	tl.reconcile()
+	if cp := tl.fm.copyOf("east2"); cp.Epoch != epoch || cp.Restored || tl.copyEpoch("east2") != epoch {
+		t.Errorf("east2's copy advertised %+v, given at epoch %d; want epoch %d", cp, tl.copyEpoch("east2"), epoch)
+	}
+	if cp := tl.fm.copyOf("east"); cp.Epoch != 0 {
+		t.Errorf("the old name's copy still advertised: %+v", cp)
+	}
+}
+
+// A replica keeps, once the group is first known, the departed clusters its peers keep a
+// copy of that it does not know (removed while it was down, or before it was wiped), and
+// takes their copy: before, it never had their objects again and served without them while
+// its peers kept them (replicas-departed-copy-lost-by-a-wiped-replica). Only once: a cluster
+// a peer keeps later (this replica's operator may have confirmed its removal here) is not.
+func TestDepartedClusterKeptFromPeers(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	tl.fm.setCopy("a", "south", 3, false)
+	tl.fm.unsynced = true
+	tl.reconcile()
+	if tl.h.ClusterDeparted("south") {
+		t.Fatal("kept before the group was known")
+	}
+	tl.fm.unsynced = false
+	tl.reconcile()
+	if !tl.h.ClusterDeparted("south") || slices.Contains(tl.h.ClusterNames(), "south") {
+		t.Fatalf("south departed %v, configured names %v: want kept as departed", tl.h.ClusterDeparted("south"), tl.h.ClusterNames())
+	}
+	f := tl.following("south")
+	if f == nil || !f.copy || f.epoch != 3 || !slices.Equal(f.peers, []string{"a"}) {
+		t.Fatalf("following %+v, want a's copy of epoch 3", f)
+	}
+	tl.fm.setCopy("a", "north", 2, false)
+	tl.reconcile()
+	if tl.h.ClusterDeparted("north") {
+		t.Error("a departed cluster was taken from a peer after the group was first known")
 	}
 }

@@ -62,25 +62,54 @@ func (l *Layer) StateChanged(cluster, collection string, put []*mcp.Entry, remov
 
 // ClusterRemoved drops a cluster that left the configuration: its feed, its copy's epoch,
 // and the peers' streams following it from here. The membership keeps the highest epoch it
-// saw for it, so sessions of a cluster added again still order after the old ones. A
-// cluster that departed (the core keeps its objects until an operator confirms its removal,
-// when ClusterRemoved comes again) keeps its feed: configured again, it has what it had, and
-// a feed emptied meanwhile would send the peers following it the deletion of every object.
+// saw for it, so sessions of a cluster added again still order after the old ones.
+//
+// A cluster that departed (the core keeps its objects until an operator confirms its
+// removal, when ClusterRemoved comes again) keeps its feed and its copy's epoch: its copy
+// takes part in the group's copy exchange like any other cluster's whose minion is away
+// (copies.go), so a replica that missed its last changes (down at the removal) or lost it
+// (wiped) takes the newest one from its peers; and configured again, it has what it had,
+// offerable at its epoch (a feed emptied meanwhile would send the peers following it the
+// deletion of every object). The peers' streams following its session from here end: no
+// session of it is live any more.
 func (l *Layer) ClusterRemoved(cluster string) {
-	if !l.h.ClusterDeparted(cluster) {
+	departed := l.h.ClusterDeparted(cluster)
+	if !departed {
 		l.feeds.drop(cluster)
 	}
 	l.peers.closeAll(cluster)
-	l.mu.Lock()
-	if c := l.clusters[cluster]; c != nil {
-		c.epoch, c.restored = 0, false
+	if !departed {
+		l.mu.Lock()
+		if c := l.clusters[cluster]; c != nil {
+			c.epoch, c.restored = 0, false
+		}
+		if m := l.members(); m != nil {
+			m.SetCopy(cluster, "", 0, false)
+		}
+		l.mu.Unlock()
 	}
-	if m := l.members(); m != nil {
-		m.SetCopy(cluster, 0, false)
-	}
-	l.mu.Unlock()
 	if m := l.members(); m != nil {
 		m.Poke() // the next reconciliation stops following it
+	}
+}
+
+// ClusterRenamed carries the renamed cluster's copy over to its new name: the same
+// session's state (store.transfer moved it), so at the same epoch, offered to the peers as
+// before (without an epoch no peer would offer it, and a replica without a copy, wiped,
+// would never have it). A copy held back (restored, not confirmed) stays held back. The
+// core moved the epoch it keeps in the state file with the state (Hub.rename).
+func (l *Layer) ClusterRenamed(from, to string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var epoch uint64 // 0: the state moved is of no session known (what to had is replaced all the same)
+	restored := false
+	if old := l.clusters[from]; old != nil {
+		epoch, restored = old.epoch, old.restored
+	}
+	c := l.repLocked(to)
+	c.epoch, c.restored = epoch, restored // the core moved its epoch with its state
+	if m := l.members(); m != nil {
+		m.SetCopy(to, l.h.ClusterTenant(to), c.epoch, c.restored)
 	}
 }
 
@@ -94,11 +123,12 @@ type feedRouter struct{ l *Layer }
 func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 	l := f.l
 	cluster := info.Node().GetAnnotations()[ForwardClusterAnnotation]
-	if !slices.Contains(l.h.ClusterNames(), cluster) {
-		return status.Errorf(codes.InvalidArgument, "%s %q is not a configured cluster", ForwardClusterAnnotation, cluster)
+	if !slices.Contains(l.h.KeptClusters(), cluster) {
+		return status.Errorf(codes.InvalidArgument, "%s %q is not a cluster this replica keeps", ForwardClusterAnnotation, cluster)
 	}
+	departed := l.h.ClusterDeparted(cluster) // no session of it is live: only copies
 	if info.Node().GetAnnotations()[ForwardCopyAnnotation] == "true" {
-		if a, held := l.members().Authorities()[cluster]; held {
+		if a, held := l.members().Authorities()[cluster]; held && !departed {
 			return status.Errorf(codes.FailedPrecondition, "cluster %q is held by replica %q: follow it from there", cluster, a.Replica)
 		}
 		if !l.h.ClusterSynced(cluster) {
@@ -117,7 +147,7 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 		}
 		return nil
 	}
-	if !l.members().Holds(cluster) {
+	if departed || !l.members().Holds(cluster) {
 		return status.Errorf(codes.FailedPrecondition, "replica %q does not hold cluster %q's session", l.cfg.Name, cluster)
 	}
 	return nil

@@ -71,11 +71,14 @@ func (l *Layer) followPeers(ctx context.Context) {
 // reconcile brings what this replica follows in line with the membership.
 func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	m := l.members()
+	l.learnDeparted(m) // before l.mu: the core's configuration lock orders before it
 	auth := m.Authorities()
 	held, followed := map[string]bool{}, map[string]bool{}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	names := l.h.ClusterNames() // under l.mu: a cluster added meanwhile is not taken for a removed one
+	// Departed clusters too (their copies are exchanged like any other's). Under l.mu: a
+	// cluster added meanwhile is not taken for a removed one.
+	names := l.h.KeptClusters()
 	for name, c := range l.clusters {
 		if slices.Contains(names, name) {
 			continue
@@ -85,7 +88,7 @@ func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 		l.stopLocked(name, c, "")
 		// A delivery racing the removal may have advertised a copy again: peers must not
 		// try to take it.
-		m.SetCopy(name, 0, false)
+		m.SetCopy(name, "", 0, false)
 		if len(c.minion) == 0 {
 			delete(l.clusters, name)
 			l.metrics.forget(name)
@@ -129,7 +132,9 @@ func (l *Layer) reconcileLocked(ctx context.Context, name string, auth map[strin
 		f = nil // retired by a session of this replica's own that has ended since
 	}
 	a, ok := auth[name]
-	if !ok {
+	if !ok || l.h.ClusterDeparted(name) {
+		// No replica holds it (a departed cluster's minion is refused everywhere: a holding
+		// still gossiped is its last session's, ending).
 		return l.copyLocked(ctx, name, c, f, wg) // copies.go
 	}
 	if a.Replica == l.cfg.Name {

@@ -51,6 +51,9 @@ type Layer struct {
 	// join starts the membership (membership.Start; tests give a fake).
 	join func(membership.Config, *slog.Logger) (members, error)
 	mem  atomic.Pointer[memberRef] // set by Start, before any stream is served
+	// learned: the departed clusters the group kept when it was first known are kept here
+	// too (learnDeparted), once.
+	learned atomic.Bool
 
 	// tookOver is, per cluster, when this replica last saw it change hands from one live
 	// session to another (GroupWriter). Its own lock: the core asks under its cluster lock,
@@ -104,8 +107,9 @@ type members interface {
 	Holds(cluster string) bool
 	Authority(cluster string) (replica string, epoch uint64, ok bool)
 	Authorities() map[string]membership.Authority
-	SetCopy(cluster string, epoch uint64, restored bool)
+	SetCopy(cluster, tenant string, epoch uint64, restored bool)
 	Copies(cluster string) []membership.Copy
+	CopiedClusters() []string
 	Synced() bool
 	Replicas() []membership.Replica
 	Changed() <-chan struct{}

@@ -82,8 +82,23 @@ func (m *fakeMembers) setCopy(replica, cluster string, epoch uint64, restored bo
 	m.maxEpoch[cluster] = max(m.maxEpoch[cluster], epoch)
 }
 
-func (m *fakeMembers) SetCopy(cluster string, epoch uint64, restored bool) {
+func (m *fakeMembers) SetCopy(cluster, _ string, epoch uint64, restored bool) {
 	m.setCopy(m.self, cluster, epoch, restored)
+}
+
+func (m *fakeMembers) CopiedClusters() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for r, cs := range m.copies {
+		for c := range cs {
+			if r != m.self && !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // copyOf returns this replica's advertised copy of cluster.

@@ -16,7 +16,7 @@ func TestCopiesSpread(t *testing.T) {
 	b := start(t, "b", key, a.Addr())
 	c := start(t, "c", key, a.Addr())
 	allJoined(t, []*Members{a, b, c})
-	a.SetCopy("east", 3, true)
+	a.SetCopy("east", "", 3, true)
 	copies := func(m *Members) string { return fmt.Sprint(m.Copies("east")) }
 	want := fmt.Sprint([]Copy{{Replica: "a", MCPAddr: "127.0.0.1:1a", Epoch: 3, Restored: true}})
 	for _, m := range []*Members{b, c} {
@@ -25,13 +25,16 @@ func TestCopiesSpread(t *testing.T) {
 	if got := a.Copies("east"); len(got) != 0 {
 		t.Errorf("a lists its own copy among the peers': %v", got)
 	}
-	a.SetCopy("east", 3, false)
-	want = fmt.Sprint([]Copy{{Replica: "a", MCPAddr: "127.0.0.1:1a", Epoch: 3}})
+	a.SetCopy("east", "acme", 3, false) // with its tenant: a replica that does not know east keeps it there
+	want = fmt.Sprint([]Copy{{Replica: "a", MCPAddr: "127.0.0.1:1a", Epoch: 3, Tenant: "acme"}})
 	eventually(t, "b sees a's copy confirmed", func() bool { return copies(b) == want })
+	if got := fmt.Sprint(c.CopiedClusters()); got != "[east]" {
+		t.Errorf("c's peers have copies of %s, want [east]", got)
+	}
 	if e := b.Hold("east"); e != 4 {
 		t.Errorf("b's session after a's copy of epoch 3: epoch %d, want 4", e)
 	}
-	a.SetCopy("east", 0, false)
+	a.SetCopy("east", "", 0, false)
 	eventually(t, "c sees a's copy gone", func() bool { return copies(c) == "[]" })
 	if _, ok := a.Authorities()["east"]; !ok {
 		t.Error("a copy's change hid b's holding (a broadcast of one replaced the other)")

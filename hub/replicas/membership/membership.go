@@ -105,6 +105,10 @@ type Copy struct {
 	// Restored: read from the peer's state file and not confirmed yet (the peer does not
 	// serve it to other replicas until it is).
 	Restored bool
+	// Tenant is the tenant the cluster belongs to on the peer: a replica that does not
+	// know the cluster (it left the configuration while that replica was down) keeps it
+	// there.
+	Tenant string
 }
 
 // Replica is one member as the view holds it.
@@ -121,6 +125,7 @@ type hold struct {
 	Epoch    uint64 `json:"e"`
 	Ver      uint64 `json:"v"`           // the replica's version when it changed
 	Restored bool   `json:"r,omitempty"` // copies: restored, not confirmed yet
+	Tenant   string `json:"t,omitempty"` // copies: the cluster's tenant
 }
 
 // message is what replicas gossip: a replica's full state (push/pull) or one cluster's
@@ -530,26 +535,26 @@ func (m *Members) sendLocked(d message, key string) {
 	}
 }
 
-// SetCopy records that this replica's copy of cluster is the state of the session of
-// epoch (0: it has none), restored from its state file and not confirmed yet if restored,
-// and tells the peers. The epoch counts among those seen for the cluster.
-func (m *Members) SetCopy(cluster string, epoch uint64, restored bool) {
+// SetCopy records that this replica's copy of cluster (of tenant) is the state of the
+// session of epoch (0: it has none), restored from its state file and not confirmed yet if
+// restored, and tells the peers. The epoch counts among those seen for the cluster.
+func (m *Members) SetCopy(cluster, tenant string, epoch uint64, restored bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.self.Copies == nil {
 		m.self.Copies = map[string]hold{}
 	}
 	old, had := m.self.Copies[cluster]
-	if (!had && epoch == 0) || (had && old.Epoch == epoch && old.Restored == restored) {
+	if (!had && epoch == 0) || (had && old.Epoch == epoch && old.Restored == restored && old.Tenant == tenant) {
 		return
 	}
 	if epoch > m.maxEpoch[cluster] {
 		m.maxEpoch[cluster] = epoch
 	}
 	m.self.Ver++
-	h := hold{Epoch: epoch, Ver: m.self.Ver, Restored: restored}
+	h := hold{Epoch: epoch, Ver: m.self.Ver, Restored: restored, Tenant: tenant}
 	if epoch == 0 {
-		h.Restored = false
+		h.Restored, h.Tenant = false, ""
 		delete(m.self.Copies, cluster)
 	} else {
 		m.self.Copies[cluster] = h
@@ -564,10 +569,30 @@ func (m *Members) Copies(cluster string) []Copy {
 	var out []Copy
 	for _, p := range m.peers {
 		if h := p.copies[cluster]; h.Epoch > 0 {
-			out = append(out, Copy{Replica: p.name, MCPAddr: p.mcpAddr, Epoch: h.Epoch, Restored: h.Restored})
+			out = append(out, Copy{Replica: p.name, MCPAddr: p.mcpAddr, Epoch: h.Epoch, Restored: h.Restored, Tenant: h.Tenant})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Replica < out[j].Replica })
+	return out
+}
+
+// CopiedClusters returns the clusters the live peers have a copy of, sorted.
+func (m *Members) CopiedClusters() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	seen := map[string]bool{}
+	for _, p := range m.peers {
+		for c, h := range p.copies {
+			if h.Epoch > 0 {
+				seen[c] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for c := range seen {
+		out = append(out, c)
+	}
+	sort.Strings(out)
 	return out
 }
 
@@ -799,7 +824,7 @@ func (m *Members) mergeLocked(have, got map[string]hold, ver uint64) bool {
 		}
 		if h.Ver > old.Ver {
 			have[c] = h
-			changed = changed || old.Epoch != h.Epoch || old.Restored != h.Restored
+			changed = changed || old.Epoch != h.Epoch || old.Restored != h.Restored || old.Tenant != h.Tenant
 		}
 	}
 	return changed
