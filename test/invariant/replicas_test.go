@@ -311,6 +311,9 @@ type rworld struct {
 	forgot map[string]map[string]bool
 	// heldEver are the objects whose deletion a breaker held, until no replica serves them.
 	heldEver map[key]bool
+	// releasedAt is, per replica, what an operator's release there withdrew (replicas do not
+	// share operators' decisions): not protected on it until its writer publishes again.
+	releasedAt map[string]map[key]bool
 
 	atMu sync.Mutex
 	at   []int // each sink's replica (index in reps; -1 when it has none)
@@ -337,11 +340,12 @@ func newReplicaWorld(dir string, n int) *rworld {
 	h.ingest.Store("")
 	h.serve.Store("")
 	w := &rworld{harness: h, removedAt: map[string]map[string]removal{}, forgot: map[string]map[string]bool{}, heldEver: map[key]bool{},
-		minionLists: map[*minion]*addrList{}}
+		releasedAt: map[string]map[key]bool{}, minionLists: map[*minion]*addrList{}}
 	for _, name := range replicaNames[:n] {
 		w.reps = append(w.reps, &replica{name: name, dir: filepath.Join(dir, name), w: w})
 		w.removedAt[name] = map[string]removal{}
 		w.forgot[name] = map[string]bool{}
+		w.releasedAt[name] = map[key]bool{}
 	}
 	list := func(from int) *addrList {
 		l := &addrList{w: w}
@@ -798,8 +802,12 @@ func (w *rworld) do(e event) error {
 			for _, c := range hb.Clusters() {
 				unknown = unknown || c.Name == cluster && c.Unknown != ""
 			}
+			held := heldNames(hb)
 			if _, err := hb.ReleaseBreaker(cluster, "spiffe://test/operator/model", reviewedDigest(hb, cluster)); err != nil {
 				continue
+			}
+			for k := range held {
+				w.releasedAt[r.name][k] = true
 			}
 			if unknown {
 				// As in the single hub's world: the operator accepted what this replica read of
@@ -972,7 +980,11 @@ func (w *rworld) protectedAt(r string) map[key]prot {
 		}
 	}
 	defer func() { m.removed, m.acc = saved, savedAcc }()
-	return m.protected()
+	out := m.protected()
+	for k := range w.releasedAt[r] {
+		delete(out, k)
+	}
+	return out
 }
 
 // protectedFor is what a sink on replica index i may not lose (-1: on none, the
@@ -1084,6 +1096,11 @@ func (w *rworld) settle(step int) string {
 		if published && w.m.clusterOf(id) != nil {
 			for _, f := range w.forgot {
 				delete(f, id) // the writer publishes anew: what it publishes is protected everywhere
+			}
+			for _, rel := range w.releasedAt {
+				for k := range w.m.pub[id] {
+					delete(rel, k)
+				}
 			}
 		}
 	}
