@@ -90,6 +90,13 @@ type harness struct {
 	killed   atomic.Bool // the process is dead: nothing more reaches the disk
 	diskFull atomic.Bool
 	readonly atomic.Bool
+	// roStart: the hub running now opened its state file read-only (its run writes nothing,
+	// and leaves no trace for the next start).
+	roStart bool
+	// stepLoose are the namespaces made loose during the step being checked: what the
+	// sinks received of them during it is not judged (the model's before and after may
+	// both protect them, the writer having resynced by the end of the step).
+	stepLoose map[string]bool
 
 	minions map[string]*minion
 	seconds map[string]*minion // a second minion with the same identity (a copied Secret)
@@ -171,6 +178,16 @@ func (h *harness) startHub() error {
 	if err != nil {
 		return err
 	}
+	if h.roStart && !h.readonly.Load() {
+		for _, c := range h.m.cfg {
+			h.m.loose[c.ns] = true // the last run, read-only, left no trace in the file
+			if h.stepLoose == nil {
+				h.stepLoose = map[string]bool{}
+			}
+			h.stepLoose[c.ns] = true
+		}
+	}
+	h.roStart = h.readonly.Load()
 	hb, err := hub.New(cfg, h.logger().With("side", "hub"), hub.Options{Clock: h.clock.now, StateFaults: h.faults()})
 	if err != nil {
 		return err

@@ -44,9 +44,11 @@ type model struct {
 	// sends the deletions again), so they may be served until the cluster's writer
 	// publishes again.
 	stale map[key]bool
-	// loose are namespaces whose objects the hub may serve whatever the writer publishes,
-	// until it publishes again: an operator accepted what the hub read of the cluster when
-	// its last state was unknown (an operator's decision).
+	// loose are namespaces whose objects the hub may serve, or not, whatever the writer
+	// publishes, until it publishes again: an operator accepted what the hub read of the
+	// cluster when its last state was unknown (an operator's decision); or the hub restarted
+	// after a run whose state file was read-only from its start, which leaves no trace (a
+	// documented limit: the file is older than what that run served, and nothing says so).
 	loose   map[string]bool
 	cfg     []entry
 	removed map[string]removal // cluster name -> its objects, until an operator confirms
@@ -164,7 +166,7 @@ func (m *model) protected() map[key]prot {
 			continue
 		}
 		for k, v := range acc {
-			if k.namespace() == c.ns {
+			if k.namespace() == c.ns && !m.loose[c.ns] {
 				out[k] = prot{cluster: c.name, version: v, lenient: v < 0}
 			}
 		}

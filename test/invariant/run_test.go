@@ -140,7 +140,10 @@ func (h *harness) do(e event) error {
 				// unknown: its writer's objects are the operator's decision until it
 				// publishes again.
 				for _, c := range m.cfg {
-					if c.name == e.args[0] {
+					// The released one may be a name the configuration no longer has (a
+					// rename the state file lost departs it at the start): its minion's
+					// objects, under whatever name, are the operator's decision too.
+					if c.name == e.args[0] || c.identity == e.args[0] {
 						m.acc[c.identity] = map[key]int{}
 						m.loose[c.ns] = true
 					}
@@ -259,11 +262,13 @@ func (h *harness) allowed() map[key]bool {
 // before and after it, and the hub's held deletions with what is published.
 func (h *harness) check(i int, before map[key]prot) {
 	after := h.m.protected()
+	loose := h.stepLoose
+	h.stepLoose = nil
 	for _, s := range h.sinks {
 		for _, c := range s.takeChanges() {
 			pb, okb := before[c.k]
 			pa, oka := after[c.k]
-			if !okb || !oka {
+			if !okb || !oka || loose[c.k.namespace()] {
 				continue
 			}
 			switch {
