@@ -43,6 +43,10 @@ type Hub struct {
 	// state is the state file (persist.go): nil until Run opens it, and when it is off.
 	state    atomic.Pointer[durable.Store]
 	stateErr atomic.Pointer[error] // why it could not be opened
+	// lostState says why the state file may lack clusters this run did not start with (it
+	// could not be read or opened, or its last writes were lost): one a reload adds may be
+	// one it held, a departed cluster whose objects sinks still have (nil: it cannot).
+	lostState atomic.Pointer[string]
 	// stateFaults are Options.StateFaults (tests only).
 	stateFaults *durable.Faults
 	now         func() time.Time

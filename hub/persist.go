@@ -58,6 +58,8 @@ func (h *Hub) openState() error {
 	if err != nil {
 		h.log.Error("cannot keep the clusters' state: running without it; what it held is unknown until each cluster's minion resyncs", "path", path, "err", err)
 		h.stateErr.Store(&err)
+		why := "the state file could not be opened: " + err.Error()
+		h.lostState.Store(&why)
 		for _, cs := range h.clusterList() {
 			h.markUnknown(cs, "the state file could not be opened: "+err.Error())
 		}
@@ -142,6 +144,7 @@ func (h *Hub) unknownAtStart(state *durable.State) map[string]string {
 		for _, name := range h.ClusterNames() {
 			out[name] = why
 		}
+		h.lostState.Store(&why)
 	}
 	stale := ""
 	switch {
@@ -153,6 +156,7 @@ func (h *Hub) unknownAtStart(state *durable.State) map[string]string {
 	if stale != "" {
 		// The file may lack anything since its writes began failing, a cluster's whole
 		// state included (one renamed or added then): every cluster is unknown.
+		h.lostState.Store(&stale)
 		for name := range state.Clusters {
 			out[name] = stale
 		}

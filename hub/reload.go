@@ -114,13 +114,22 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 	// Clusters join before the configuration naming them is live, and leave after it is:
 	// an identity the live configuration maps always finds its cluster.
 	h.clustersMu.Lock()
+	var added []*clusterState
 	for _, c := range next.allClusters() {
 		if h.clusters[c.Name] == nil {
-			h.addClusterLocked(c.Name)
+			added = append(added, h.addClusterLocked(c.Name))
 			h.log.Info("cluster added to the configuration", "cluster", c.Name)
 		}
 	}
 	h.clustersMu.Unlock()
+	if why := h.lostState.Load(); why != nil {
+		for _, cs := range added {
+			// The file this run could not read may have held it (a cluster that had left,
+			// whose objects sinks still have): unknown until its minion delivers. A rename
+			// below gives it its old name's state instead.
+			h.markUnknown(cs, *why+"; it may have held this cluster, added since by a reload")
+		}
+	}
 	h.live.Store(&live{cfg: next, comp: comp})
 	for from, to := range renames {
 		if err := h.rename(h.cluster(from), h.cluster(to)); err != nil {
