@@ -129,16 +129,17 @@ func (h *Hub) rename(from, to *clusterState) error {
 	return nil
 }
 
-// holdDepartedCopy holds what a copy of a departed cluster put (Hub.apply stores it without
-// the ownership check: a departed cluster owns nothing) as every object of a departed
-// cluster is held, by the one judgement of what the configuration no longer allows: a
-// reload's re-check, under the configuration live now (configMu: a reload that configures
-// the cluster again meanwhile judges it as configured, with the ownership it has then). It
-// walks the whole store, which only the copy exchange of a departed cluster pays, rarely.
-func (h *Hub) holdDepartedCopy() {
+// recheckCopy judges what a peer's copy put that the configuration does not allow (Hub.apply
+// stores a copy's objects without refusing them: a departed cluster owns nothing, and an
+// object a configured cluster no longer owns is one its holder's breaker holds) as the
+// holder did, by the one judgement of what the configuration no longer allows: a reload's
+// re-check, under the configuration live now (configMu: a reload meanwhile judges it with
+// the ownership it has then), which holds it or withdraws it by the breaker's rules. It
+// walks the whole store, which only such copies pay, rarely.
+func (h *Hub) recheckCopy() {
 	h.configMu.Lock()
 	defer h.configMu.Unlock()
-	h.recheckOwnership(h.current().comp, "a replica's copy of a cluster that left the configuration")
+	h.recheckOwnership(h.current().comp, "a replica's copy of what the configuration does not allow")
 }
 
 // departedTenants are the departed clusters of comp (name → tenant).

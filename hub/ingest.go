@@ -183,7 +183,7 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 	// its leaving writes nothing. A copy of them kept elsewhere (a replica's peer's, Away)
 	// still may: it is what the cluster last published too, perhaps newer than what this
 	// hub kept (hub/replicas exchanges departed clusters' copies like any other's).
-	departedCopy := false
+	departedCopy, copyRefused := false, false
 	if cs.isDeparted() {
 		if !s.away {
 			return status.Errorf(codes.PermissionDenied, "cluster %q left the hub's configuration; what it last published is kept until an operator confirms its removal", cs.name)
@@ -241,6 +241,13 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		if err == nil && !departedCopy { // a departed cluster owns nothing: its objects are held, below
 			err = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
 			reason = checkReason(err)
+			if err != nil && s.away {
+				// A peer's copy holds what its holder serves: an object this configuration
+				// does not allow is one the holder's breaker holds (or a configuration not yet
+				// the same on every replica). Stored, then judged as a reload judges it, below:
+				// refused here, a sink on this replica would lose what the holder serves.
+				err, copyRefused = nil, true
+			}
 		}
 		if err != nil {
 			refuse(e.Name, reason, err)
@@ -270,8 +277,8 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		return status.Errorf(codes.PermissionDenied, "cluster %q is no longer in the hub's configuration", cs.name)
 	}
 	h.breakerChanged(cs, c.Collection, res.breaker)
-	if departedCopy {
-		h.holdDepartedCopy()
+	if departedCopy || copyRefused {
+		h.recheckCopy()
 	}
 	for _, r := range res.refused {
 		rejected, reasons = append(rejected, r), append(reasons, api.ReasonOverQuota)
