@@ -1042,14 +1042,15 @@ func (w *rworld) expectReady(r *replica, hb *hub.Hub) bool {
 	for _, p := range w.reps {
 		if ph := p.running(); p != r && ph != nil {
 			for _, c := range ph.Clusters() {
-				if c.Synced && !c.Restored && c.Departed == nil {
+				// A departed cluster's copy is offered as it was restored (it has no session).
+				if c.Synced && (!c.Restored || c.Departed != nil) {
 					synced[c.Name] = true
 				}
 			}
 		}
 	}
 	for _, c := range hb.Clusters() {
-		if !c.Synced && c.Departed == nil && !synced[c.Name] {
+		if !c.Synced && !synced[c.Name] { // a departed copy held back is waited for too
 			return false
 		}
 	}
