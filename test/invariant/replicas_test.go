@@ -704,6 +704,7 @@ func (w *rworld) do(e event) error {
 			if err := os.RemoveAll(r.dir); err != nil {
 				return err
 			}
+			w.removalsFromPeers(r)
 			return w.boot(r)
 		case "damage":
 			w.halt(r, true)
@@ -1033,6 +1034,34 @@ func (w *rworld) allowedAt(r string) map[key]bool {
 		}
 	}
 	return out
+}
+
+// removalsFromPeers is what a replica started with an empty state directory knows of
+// removals: only the departed copies its running peers keep (replicas do not share
+// operators' decisions, so one whose only peers confirmed a removal has it confirmed too).
+func (w *rworld) removalsFromPeers(r *replica) {
+	for name, rm := range w.removedAt[r.name] {
+		kept := false
+		for _, p := range w.reps {
+			if _, ok := w.removedAt[p.name][name]; ok && p != r && p.running() != nil {
+				kept = true
+			}
+		}
+		if !kept {
+			delete(w.removedAt[r.name], name)
+			if w.m.clusterOf(rm.identity) == nil {
+				w.forgot[r.name][rm.identity] = true
+			}
+			confirmed := true
+			for _, rs := range w.removedAt {
+				_, still := rs[name]
+				confirmed = confirmed && !still
+			}
+			if confirmed {
+				delete(w.m.removed, name)
+			}
+		}
+	}
 }
 
 // expectReady reports whether replica r, up and not ready, should become ready: every
