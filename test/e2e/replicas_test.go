@@ -189,7 +189,7 @@ func TestReplicaPeerStreamsRefused(t *testing.T) {
 		// ready (west has not synced), never given the replica feed.
 		{"east", "east", codes.Unavailable, "the hub is warming up"},
 		{"hub/x", "west", codes.FailedPrecondition, `does not hold cluster "west"`},
-		{"hub/x", "nope", codes.InvalidArgument, "not a configured cluster"},
+		{"hub/x", "nope", codes.InvalidArgument, "not a cluster this replica keeps"},
 		{"hub/x", "east", codes.OK, ""},
 	} {
 		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), hub.DevIdentityHeader, tc.identity), 10*time.Second)
