@@ -3,6 +3,7 @@ package minion
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -387,7 +388,14 @@ func (m *Minion) runDestinations(ctx context.Context) error {
 		if !m.tlsOn {
 			m.log.Warn("serving ResourceSource without TLS (development mode)", "addr", lis.Addr().String())
 		}
-		g.Go(func() error { return srv.Serve(lis) })
+		g.Go(func() error {
+			// A stop that comes before Serve starts (a minion stopped as it starts) is a
+			// stop, not an error.
+			if err := srv.Serve(lis); !errors.Is(err, grpc.ErrServerStopped) {
+				return err
+			}
+			return nil
+		})
 		g.Go(func() error { <-ctx.Done(); srv.Stop(); return nil })
 	}
 	for _, p := range m.cfg.Destinations.Push {

@@ -140,6 +140,8 @@ func TestMinionRelay(t *testing.T) {
 	stopEast()
 	m2, _ := startMinion(t, eastCfg())
 	waitFor(t, 10*time.Second, "the restarted relay listening", func() bool { return m2.Relay().Addr() != "" })
+	// The relay takes its file beside its start (a damaged or locked one never stops it).
+	waitFor(t, 10*time.Second, "the restarted relay serving its file", func() bool { return m2.Status().Relay.Serving })
 	if st := m2.Status().Relay; !st.Serving || st.FromHub || st.HubConnected || st.LastSynced != nil || st.Objects[vs] != 2 {
 		t.Fatalf("restarted relay status = %+v, want serving its kept 2 VirtualServices, the hub not connected", st)
 	}
