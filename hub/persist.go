@@ -125,6 +125,10 @@ func (h *Hub) openState() error {
 		}
 	}
 	h.state.Store(st) // written from here on: restoring wrote nothing back
+	// What the start marked (clusters unknown, or whose state may lack its last changes) is
+	// on disk before anything is served: a kill right after must find the marks again, not
+	// a file that looks whole (a file set aside is new and empty).
+	h.flushState()
 	h.expireStale()   // what was already past its TTL is never served
 	h.checkReady()
 	return nil
@@ -440,10 +444,20 @@ func (h *Hub) flushState() {
 		// at the restart (the run marker says so).
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := st.Flush(ctx); err != nil {
-		h.log.Warn("state file: a cluster's last state is not on disk yet", "err", err)
+	// In short waits, so that writes that start failing meanwhile (a full disk's next
+	// commit) end it too, not only the bound.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := st.Flush(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if st.Stats().Failing || time.Now().After(deadline) {
+			h.log.Warn("state file: a cluster's last state is not on disk yet", "err", err)
+			return
+		}
 	}
 }
 
