@@ -289,6 +289,7 @@ type minion struct {
 	refused   bool              // the last stream was refused at admission (unknown identity)
 	to        string            // the ingest address of the current stream ("" between streams)
 	refusedBy string            // the ingest address that refused it
+	gen       int               // mayWriteNow calls: a refusal of a stream opened before the last settles nothing
 	ended     int               // streams that ended after the hub had answered them (admitted ones)
 	cut       context.CancelFunc
 }
@@ -342,6 +343,7 @@ func (m *minion) start(src map[key]int) {
 			sctx, cut := context.WithCancel(metadata.AppendToOutgoingContext(ctx, mcp.DevIdentityHeader, m.id))
 			m.mu.Lock()
 			m.cut, m.to, m.answered, m.refused = cut, addr, map[string]uint64{}, false
+			gen := m.gen
 			m.mu.Unlock()
 			err = source.PushTo(sctx, conn)
 			cut()
@@ -352,7 +354,9 @@ func (m *minion) start(src map[key]int) {
 			}
 			m.to, m.answered = "", map[string]uint64{}
 			// Refused: its identity is no cluster's, or another minion of it writes the cluster.
-			m.refused = status.Code(err) == codes.PermissionDenied || status.Code(err) == codes.FailedPrecondition
+			// A stream opened before mayWriteNow was judged by what the hub had then (a
+			// configuration since reloaded): its refusal settles nothing.
+			m.refused = (status.Code(err) == codes.PermissionDenied || status.Code(err) == codes.FailedPrecondition) && gen == m.gen
 			m.refusedBy = addr
 			m.mu.Unlock()
 			pause(ctx, 2*time.Millisecond)
@@ -789,4 +793,5 @@ func (m *minion) mayWriteNow() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.refused = false
+	m.gen++
 }
