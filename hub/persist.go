@@ -454,7 +454,7 @@ func (h *Hub) flushState() {
 		if err == nil {
 			return
 		}
-		if st.Stats().Failing || time.Now().After(deadline) {
+		if !errors.Is(err, context.DeadlineExceeded) || st.Stats().Failing || time.Now().After(deadline) { // closed, or failing
 			h.log.Warn("state file: a cluster's last state is not on disk yet", "err", err)
 			return
 		}
