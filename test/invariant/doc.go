@@ -43,5 +43,8 @@
 // flags are TestInvariant's. FuzzInvariantReplicas is its fuzz target. Its scripts start
 // with `replicas N` and replay with the others.
 //
+// Sequences found and not yet fixed are kept under testdata/open, each saying what it
+// shows; make test does not replay them (they fail), -invariant.script does.
+//
 // It has no product code.
 package invariant
