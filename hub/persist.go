@@ -129,7 +129,7 @@ func (h *Hub) openState() error {
 	// on disk before anything is served: a kill right after must find the marks again, not
 	// a file that looks whole (a file set aside is new and empty).
 	h.flushState()
-	h.expireStale()   // what was already past its TTL is never served
+	h.expireStale() // what was already past its TTL is never served
 	h.checkReady()
 	return nil
 }
