@@ -87,9 +87,7 @@ type harness struct {
 	serve  atomic.Value
 
 	// The state file's disk.
-	killed   atomic.Bool // the process is dead: nothing more reaches the disk
-	diskFull atomic.Bool
-	readonly atomic.Bool
+	disk
 	// roStart: the hub running now opened its state file read-only (its run writes nothing,
 	// and leaves no trace for the next start).
 	roStart bool
@@ -145,31 +143,45 @@ clusters:
 	return hub.ParseConfig([]byte(yaml))
 }
 
-// faults are the state file's disk as the sequence has it.
-func (h *harness) faults() *durable.Faults {
+// disk is a hub process's state file's disk as the sequence has it.
+type disk struct {
+	killed   atomic.Bool // the process is dead: nothing more reaches the disk
+	diskFull atomic.Bool
+	readonly atomic.Bool
+}
+
+// faults are d's faults for the state file; dead is what a commit of a killed process does.
+func (d *disk) faults(dead func() error) *durable.Faults {
 	return &durable.Faults{
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			if h.readonly.Load() && flag&(os.O_WRONLY|os.O_RDWR|os.O_CREATE) != 0 {
+			if d.readonly.Load() && flag&(os.O_WRONLY|os.O_RDWR|os.O_CREATE) != 0 {
 				return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EROFS}
 			}
 			return os.OpenFile(name, flag, perm)
 		},
 		BeforeMark: func() error {
-			if h.killed.Load() {
-				return errors.New("the process was killed")
+			if d.killed.Load() {
+				return errKilled
 			}
 			return nil
 		},
 		BeforeCommit: func() error {
 			switch {
-			case h.killed.Load():
-				return errors.New("the process was killed")
-			case h.diskFull.Load():
+			case d.killed.Load():
+				return dead()
+			case d.diskFull.Load():
 				return syscall.ENOSPC
 			}
 			return nil
 		},
 	}
+}
+
+var errKilled = errors.New("the process was killed")
+
+// faults are the single hub's: a killed process's commit fails.
+func (h *harness) faults() *durable.Faults {
+	return h.disk.faults(func() error { return errKilled })
 }
 
 // startHub starts the hub on its state directory with the model's configuration.

@@ -302,3 +302,17 @@ func mismatch(s sinkState, prot map[key]prot, allowed map[key]bool, loose map[st
 	sort.Strings(out)
 	return strings.Join(out, "; ")
 }
+
+// secondStarts records that a second minion of identity id starts, its source the objects
+// of id's namespace that seed's bits choose, each at a new version, and returns it.
+func (m *model) secondStarts(id string, seed int) map[key]int {
+	src := map[key]int{}
+	for i := range objectNames {
+		if (seed>>i)&1 == 1 {
+			m.version++
+			src[key{collNames[i%2], fmt.Sprintf("%s/o%d", homeNS[id], i)}] = m.version
+		}
+	}
+	m.src2[id], m.second[id] = src, true
+	return src
+}

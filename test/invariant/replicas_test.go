@@ -15,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -244,9 +242,7 @@ type replica struct {
 	ingest, serve, gossip string      // bound at the first start ("" before)
 	booted                *hub.Config // the configuration it started with (a reload keeps its listeners and replicas section)
 
-	killed   atomic.Bool
-	diskFull atomic.Bool
-	readonly atomic.Bool
+	disk
 }
 
 // running returns the replica's hub if it is up.
@@ -274,27 +270,13 @@ func (r *replica) serveAddr() string {
 }
 
 func (r *replica) faults() *durable.Faults {
-	return &durable.Faults{
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			if r.readonly.Load() && flag&(os.O_WRONLY|os.O_RDWR|os.O_CREATE) != 0 {
-				return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EROFS}
-			}
-			return os.OpenFile(name, flag, perm)
-		},
-		BeforeCommit: func() error {
-			switch {
-			case r.killed.Load():
-				// A killed process's writer stops dead: nothing more is committed, and what
-				// would wait for a commit (a flush as the replica's follows end) finds the
-				// store closed instead of waiting out its timeout, as nothing waits in a
-				// dead process.
-				runtime.Goexit()
-			case r.diskFull.Load():
-				return syscall.ENOSPC
-			}
-			return nil
-		},
-	}
+	return r.disk.faults(func() error {
+		// A killed process's writer stops dead: nothing more is committed, and what would
+		// wait for a commit (a flush as the replica's follows end) finds the store closed
+		// instead of waiting out its timeout, as nothing waits in a dead process.
+		runtime.Goexit()
+		return nil
+	})
 }
 
 // rworld is the replica world: the single hub's harness (its clock, log, model, minions,
@@ -677,14 +659,7 @@ func (w *rworld) do(e event) error {
 			break
 		}
 		seed, _ := strconv.Atoi(e.args[1])
-		src := map[key]int{}
-		for i := range objectNames {
-			if (seed>>i)&1 == 1 {
-				m.version++
-				src[key{collNames[i%2], fmt.Sprintf("%s/o%d", homeNS[id], i)}] = m.version
-			}
-		}
-		m.src2[id], m.second[id] = src, true
+		src := m.secondStarts(id, seed)
 		w.restartMinion(w.seconds[id], src)
 	case "kill", "boot", "restart", "wipe", "damage", "disk", "readonly":
 		r, err := w.replica(e.args[0])

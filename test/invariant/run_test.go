@@ -78,14 +78,7 @@ func (h *harness) do(e event) error {
 			break
 		}
 		seed, _ := strconv.Atoi(e.args[1])
-		src := map[key]int{}
-		for i := range objectNames {
-			if (seed>>i)&1 == 1 {
-				m.version++
-				src[key{collNames[i%2], fmt.Sprintf("%s/o%d", homeNS[id], i)}] = m.version
-			}
-		}
-		m.src2[id], m.second[id] = src, true
+		src := m.secondStarts(id, seed)
 		h.seconds[id].start(src)
 	case "crash", "restart":
 		h.heldAcrossRestart()
