@@ -81,6 +81,8 @@ func (cfg *BreakerConfig) check(field string) error {
 var (
 	ErrUnknownCluster = errors.New("no such cluster in the hub's configuration")
 	ErrNothingHeld    = errors.New("the cluster's breaker holds no deletions")
+	// ErrNotDurable refuses an operator's decision the state file cannot keep now.
+	ErrNotDurable = errors.New("the state file cannot keep the decision now, so a restart would undo it")
 )
 
 // HeldChangedError refuses a release whose operator reviewed other held deletions than the
@@ -527,16 +529,30 @@ func (h *Hub) breakerRefresh(cs *clusterState) {
 
 // ReleaseBreaker applies every deletion cluster's breaker holds and closes it, on behalf
 // of operator (logged), if they are those the operator reviewed: digest is the breaker's
-// (api.Breaker.Digest) as shown to the operator. ErrUnknownCluster, ErrNothingHeld and a
-// *HeldChangedError refuse it.
-func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (api.BreakerRelease, error) {
+// (api.Breaker.Digest) as shown to the operator. ErrUnknownCluster, ErrNothingHeld,
+// ErrNotDurable and a *HeldChangedError refuse it.
+func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (rel api.BreakerRelease, err error) {
 	cs := h.cluster(cluster)
 	if cs == nil {
 		return api.BreakerRelease{}, fmt.Errorf("%w: %q", ErrUnknownCluster, cluster)
 	}
-	// An operator's decision is on disk before it is reported done: a kill right after must
-	// not restore what it withdrew.
-	defer h.flushState()
+	// An operator's decision is on disk before it is reported done: a restart must not
+	// restore what it withdrew. So the file is tried first, and a decision it could not
+	// keep is not taken at all: taken, it would hold until the next restart and then be
+	// undone, serving again, fleet-wide, what the operator withdrew.
+	if why := h.keepableNow(cs); why != nil {
+		return api.BreakerRelease{}, fmt.Errorf("cluster %q: %w: %v; nothing was released: release again once the state file is writable (meshfed_hub_state_file_failing is 0)", cluster, ErrNotDurable, why)
+	}
+	defer func() {
+		if err != nil {
+			return
+		}
+		// It failed between the try and now: taken, and said so.
+		if why := h.flushState(); why != nil {
+			rel.NotDurable = fmt.Sprintf("applied, but not on disk (%v): a restart before the state file is writable again serves again what it withdrew", why)
+			cs.log.Warn("a breaker release is not on disk: a restart before the state file is writable again undoes it", "operator", operator, "err", why)
+		}
+	}()
 	if rel, ok, err := h.releaseUnknown(cs, operator, digest); ok {
 		return rel, err
 	}

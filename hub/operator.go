@@ -193,6 +193,8 @@ func (h *Hub) releaseBreaker(w http.ResponseWriter, r *http.Request, operator st
 		http.Error(w, err.Error(), http.StatusNotFound)
 	case errors.Is(err, ErrNothingHeld), errors.As(err, &changed):
 		http.Error(w, err.Error(), http.StatusConflict)
+	case errors.Is(err, ErrNotDurable):
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	case err != nil:
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 	default:

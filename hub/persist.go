@@ -435,14 +435,21 @@ func (h *Hub) saveContacts() {
 
 // flushState waits until what is queued is in the state file (at most a few seconds): when a
 // cluster's minion goes away, its last state must not wait for the next commit interval,
-// since a restart will serve it from the file alone.
-func (h *Hub) flushState() {
+// since a restart will serve it from the file alone. It returns why what is queued is not on
+// disk (nil: it is, or the hub keeps no state file).
+func (h *Hub) flushState() error {
 	st := h.state.Load()
-	if st == nil || st.Stats().Failing {
+	if st == nil {
+		if err := h.stateErr.Load(); err != nil {
+			return fmt.Errorf("the state file could not be opened: %w", *err)
+		}
+		return nil
+	}
+	if s := st.Stats(); s.Failing {
 		// Waiting would hold the caller (a stream's end, an operator's request) for the
 		// timeout and gain nothing: while writes fail, a kill makes every cluster unknown
 		// at the restart (the run marker says so).
-		return
+		return fmt.Errorf("writes to the state file fail: %s", s.LastError)
 	}
 	// In short waits, so that writes that start failing meanwhile (a full disk's next
 	// commit) end it too, not only the bound.
@@ -452,13 +459,32 @@ func (h *Hub) flushState() {
 		err := st.Flush(ctx)
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
-		if !errors.Is(err, context.DeadlineExceeded) || st.Stats().Failing || time.Now().After(deadline) { // closed, or failing
+		if s := st.Stats(); s.Failing {
+			err = fmt.Errorf("writes to the state file fail: %s", s.LastError)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || time.Now().After(deadline) { // closed, or failing
 			h.log.Warn("state file: a cluster's last state is not on disk yet", "err", err)
-			return
+			return err
 		}
 	}
+}
+
+// keepableNow says why a decision about cs taken now would not reach the state file (nil: it
+// would, or the hub keeps none). It writes cs's metadata again and waits for it, so that a
+// disk that filled or turned read-only since the last commit is found before the decision,
+// not after it.
+func (h *Hub) keepableNow(cs *clusterState) error {
+	if !h.cfg.Persist {
+		return nil
+	}
+	if st := h.state.Load(); st != nil {
+		cs.mu.Lock()
+		h.saveMetaLocked(cs)
+		cs.mu.Unlock()
+	}
+	return h.flushState()
 }
 
 // flushConnected waits until the state file has a cluster's Connected mark, before its
@@ -467,7 +493,7 @@ func (h *Hub) flushState() {
 // what the session changed within the last commit interval. While writes fail it does not
 // wait: a kill then makes every cluster unknown at the restart (the run marker says so).
 func (h *Hub) flushConnected() {
-	h.flushState()
+	_ = h.flushState()
 }
 
 // closeState writes what is queued and closes the state file.

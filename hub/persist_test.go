@@ -2,7 +2,7 @@ package hub
 
 import (
 	"bytes"
-	"github.com/meshfed/meshfed/internal/testkit/promtest"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshfed/meshfed/hub/durable"
+	"github.com/meshfed/meshfed/internal/testkit/promtest"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 )
@@ -207,4 +208,49 @@ func TestStateFileWriteFailuresAreMetrics(t *testing.T) {
 	})
 	full.Store(false)
 	testwait.For(t, 10*time.Second, "recovered", func() bool { return gauge() == 0 })
+}
+
+// An operator's release is on disk before it is taken (issue 25, found by the model test):
+// while the state file cannot be written, a release is refused and nothing is withdrawn,
+// even when nothing was queued to show the disk full before; a restart would have restored
+// what it withdrew, and a configuration giving the namespace back then served it again,
+// fleet-wide. Once the file is writable the same release is taken, and a kill keeps it.
+func TestReleaseRefusedWhileTheStateFileCannotKeepIt(t *testing.T) {
+	dir := t.TempDir()
+	var full atomic.Bool
+	h := testHub(t, persistHub)
+	h.cfg.StateDir = dir
+	h.stateFaults = &durable.Faults{BeforeCommit: func() error {
+		if full.Load() {
+			return syscall.ENOSPC
+		}
+		return nil
+	}}
+	stop := testrun.Start(t, "hub Run", h.Run)
+	testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := h.Addrs(); return s != "" })
+	sink := watchAs(t, h, "", "istiod")
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
+	_ = h.Apply("east", push(t, vsColl, objects("shop", 12)[:1]...)) // the breaker holds 11
+	if err := h.flushState(); err != nil {
+		t.Fatal(err)
+	}
+	full.Store(true) // nothing queued: only the release's own write finds it full
+	_, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east"))
+	if !errors.Is(err, ErrNotDurable) || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("release while the disk is full: %v", err)
+	}
+	if got := countNames(sink.names(vsColl)); got != 12 {
+		t.Fatalf("served after a refused release: %d, want 12", got)
+	}
+	full.Store(false)
+	testwait.For(t, 10*time.Second, "the file writable", func() bool { return h.flushState() == nil })
+	rel, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east"))
+	if err != nil || rel.Deleted[vsColl] != 11 || rel.NotDurable != "" {
+		t.Fatalf("release once writable: %+v, %v", rel, err)
+	}
+	stop()
+	b, _ := persistedHub(t, persistHub, dir, nil)
+	if got := servedBytes(t, b, vsColl); len(got) != 1 {
+		t.Errorf("served after a restart: %d objects, want the 1 the release left", len(got))
+	}
 }

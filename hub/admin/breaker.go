@@ -68,6 +68,9 @@ func breakerCommand() *cobra.Command {
 				for _, coll := range colls {
 					fmt.Fprintf(w, "  %s: %d\n", coll, rel.Deleted[coll])
 				}
+				if rel.NotDurable != "" {
+					fmt.Fprintf(w, "warning: %s\n", rel.NotDurable)
+				}
 				return nil
 			})
 		},

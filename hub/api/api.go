@@ -166,6 +166,9 @@ type BreakerRelease struct {
 	Operator string `json:"operator"`
 	// Deleted is how many held deletions were applied, by collection.
 	Deleted map[string]int `json:"deleted"`
+	// NotDurable, when set, says that the release was applied but the state file could
+	// not keep it (its writes began to fail meanwhile), and what a restart would undo.
+	NotDurable string `json:"notDurable,omitempty"`
 }
 
 // Holder is the replica holding a cluster's newest minion session, and that session's
