@@ -254,3 +254,37 @@ func TestReleaseRefusedWhileTheStateFileCannotKeepIt(t *testing.T) {
 		t.Errorf("served after a restart: %d objects, want the 1 the release left", len(got))
 	}
 }
+
+// A rename by reload is on disk when the reload returns (found by the model test): a hub
+// killed right after it, before its next commit, restarts with the renamed cluster's state
+// under the new name, not with the old name departed, which an operator may confirm away
+// while its writer, under the new name, still publishes the objects.
+func TestRenameByReloadSurvivesAKillRightAfter(t *testing.T) {
+	dir := t.TempDir()
+	var killed atomic.Bool
+	dead := func() error {
+		if killed.Load() {
+			return errors.New("the process was killed")
+		}
+		return nil
+	}
+	h := testHub(t, persistHub)
+	h.cfg.StateDir = dir
+	h.stateFaults = &durable.Faults{BeforeCommit: dead, BeforeMark: dead}
+	stop := testrun.Start(t, "hub Run", h.Run)
+	testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := h.Addrs(); return s != "" })
+	mustApply(t, h, "east", push(t, vsColl, "shop/a", "shop/b"))
+	mustApply(t, h, "west", push(t, vsColl, "pay/a"))
+	renamed := strings.Replace(persistHub, "{name: east,", "{name: east2,", 1)
+	reload(t, h, renamed)
+	killed.Store(true) // nothing more reaches the file
+	stop()
+
+	b, _ := persistedHub(t, renamed, dir, nil)
+	if got := clusterNames(b); got != "east2,west" {
+		t.Errorf("clusters after the kill: %s, want east2,west (no departed east)", got)
+	}
+	if got := servedBytes(t, b, vsColl); len(got) != 3 {
+		t.Errorf("served after the kill: %d objects, want 3", len(got))
+	}
+}

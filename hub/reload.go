@@ -187,6 +187,11 @@ func (h *Hub) Reload(next *Config) (ReloadResult, error) {
 		"recomputed_views", res.Views, "closed_sink_streams", res.ClosedSinks, "departed", len(comp.departed))
 	h.checkReady() // a removed cluster is no longer waited for
 	h.resolicit()  // new bounds, or withdrawn objects, may let refused ones in
+	// What the reload moved (a rename's state, a departure, withdrawals) is on disk before
+	// it is done: a kill within the next commit interval must not restart on the old
+	// names, where a renamed cluster would be a departed one an operator may confirm away
+	// while its writer, under the new name, still publishes its objects.
+	_ = h.flushState()
 	return res, nil
 }
 
