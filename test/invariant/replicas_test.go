@@ -47,8 +47,9 @@ import (
 // lifecycle") and the README document them:
 //   - A departed cluster's removal is confirmed per replica (each keeps its own departed
 //     copy): a removal is in every replica's removed set, and a release at a replica takes it
-//     out of that replica's only. A sink is checked against the protection of the replica it
-//     is on, before and after the step.
+//     out of that replica's only. A replica that lost its departed copies (wiped, or its
+//     state file unreadable as a whole) has only the removals its running peers keep. A sink
+//     is checked against the protection of the replica it is on, before and after the step.
 //   - A breaker is the holder's: followers keep the objects it holds as present. What any
 //     replica's breaker held once stays allowed (not protected) until no replica serves it.
 //   - A replica may serve what another replica's protection has (a peer's copy), never less
@@ -679,7 +680,7 @@ func (w *rworld) do(e event) error {
 			if err := os.RemoveAll(r.dir); err != nil {
 				return err
 			}
-			w.removalsFromPeers(r)
+			w.removalsFromPeers(r, func(string) bool { return true })
 			return w.boot(r)
 		case "damage":
 			w.halt(r, true)
@@ -687,7 +688,19 @@ func (w *rworld) do(e event) error {
 			if err := damage(statePath(r.dir), e.args[1], seed); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
-			return w.boot(r)
+			if err := w.boot(r); err != nil {
+				return err
+			}
+			// A file that could not be read as a whole (zeroed, garbage) lost the departed
+			// clusters it held, as a wiped directory does: as on a single hub (restarted, and
+			// ARCHITECTURE.md's known limit), its removals there can no longer be confirmed,
+			// and the replica knows only those its running peers keep. What the file still
+			// had, the hub restored before it listened.
+			listed := map[string]bool{}
+			for _, c := range r.running().Clusters() {
+				listed[c.Name] = true
+			}
+			w.removalsFromPeers(r, func(cluster string) bool { return !listed[cluster] })
 		case "disk":
 			r.diskFull.Store(e.args[1] == "full")
 		case "readonly":
@@ -1011,11 +1024,15 @@ func (w *rworld) allowedAt(r string) map[key]bool {
 	return out
 }
 
-// removalsFromPeers is what a replica started with an empty state directory knows of
-// removals: only the departed copies its running peers keep (replicas do not share
-// operators' decisions, so one whose only peers confirmed a removal has it confirmed too).
-func (w *rworld) removalsFromPeers(r *replica) {
+// removalsFromPeers is what a replica started without the removals its state file kept
+// (lost: those its start lost; all of them in an empty state directory) knows of them:
+// only the departed copies its running peers keep (replicas do not share operators'
+// decisions, so one whose only peers confirmed a removal has it confirmed too).
+func (w *rworld) removalsFromPeers(r *replica, lost func(cluster string) bool) {
 	for name, rm := range w.removedAt[r.name] {
+		if !lost(name) {
+			continue
+		}
 		kept := false
 		for _, p := range w.reps {
 			if _, ok := w.removedAt[p.name][name]; ok && p != r && p.running() != nil {
