@@ -331,6 +331,15 @@ func (cs *clusterState) isDeparted() bool {
 	return cs.departed != nil
 }
 
+// ClusterUnknown reports whether the hub does not know cluster's last state (unknown.go):
+// what it has of it was read from a state file that cannot vouch for it (damaged records, a
+// kill while it was connected), and no session has delivered its whole state since, nor an
+// operator released it.
+func (h *Hub) ClusterUnknown(cluster string) bool {
+	cs := h.cluster(cluster)
+	return cs != nil && cs.isUnknown()
+}
+
 // ClusterSynced reports whether cluster is configured and a session has delivered its
 // every collection since the hub started (or since the cluster was added).
 func (h *Hub) ClusterSynced(cluster string) bool {

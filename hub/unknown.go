@@ -13,12 +13,13 @@ import (
 // what it does not know as unknown and kept, never as empty: serving a cluster's partial or
 // missing state makes every full-state sink (istiod) delete what it lacks. So such a
 // cluster is marked unknown at the start (persist.go), with why; until its own session (or,
-// with replicas, a peer's copy of it) has delivered its whole state, or an operator decides
-// to serve what was read (a release of its breaker, whose status says so), no sink of a
-// tenant that sees it is served (readyToServe): they keep what they were last served, and
-// retry. The warm-up's timeout does not end this, as it would for a cluster the hub never
-// knew. Removing the cluster from the configuration does (it departs, holding what was
-// read). Sinks of other tenants are served as usual.
+// with replicas, a peer's copy of it, which a peer gives only if it knows it whole: taken,
+// an unknown copy would delete what it lacks) has delivered its whole state, or an operator
+// decides to serve what was read (a release of its breaker, whose status says so), no sink
+// of a tenant that sees it is served (readyToServe): they keep what they were last served,
+// and retry. The warm-up's timeout does not end this, as it would for a cluster the hub
+// never knew. Removing the cluster from the configuration does (it departs, holding what
+// was read). Sinks of other tenants are served as usual.
 
 // unknownSeen returns a cluster tenant's sinks see whose last state is unknown, and the
 // refusal's words ("" if none). A cluster of another tenant (one exporting to this one) is

@@ -33,6 +33,16 @@ import (
 // A replica without a copy waits for the same before it takes one, for the same reason. A
 // held cluster does not wait: its holder is followed as soon as it is known.
 //
+// A copy the core does not know whole (Hub.ClusterUnknown: its state file's records of it
+// were damaged, or may lack what its session did last) is not the state of the session its
+// epoch names: a peer taking it would apply whatever it lacks as deletions. It is confirmed
+// like any restored copy when nothing newer exists (the core keeps it unknown: its tenant's
+// sinks are not served), but advertised held back, as a restored copy is, and not given to
+// peers (offeredLocked) until it is known again; its epoch still counts, so sessions order
+// after it. Confirmed, it is kept like any confirmed copy until a newer one exists: its
+// epoch may be older than what it holds (a file that lost its last changes may have lost a
+// newer epoch with them), so a peer's copy of the same epoch is no better.
+//
 // A departed cluster (removed from the configuration while it held objects, kept by the core
 // until an operator confirms) is a cluster no replica holds: its copy keeps its epoch and is
 // decided by the same rules, taken once (not mirrored), and a replica that does not know it
@@ -74,7 +84,7 @@ func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
 	c.epoch, c.restored = epoch, false
 	l.h.SetClusterEpoch(cluster, epoch)
 	if m := l.members(); m != nil {
-		m.SetCopy(cluster, l.h.ClusterTenant(cluster), epoch, false)
+		l.advertiseLocked(m, cluster, c)
 	}
 	if f := c.follow; f != nil && f.copy && l.h.ClusterDeparted(cluster) {
 		// A departed cluster's copy is taken once, and stops as soon as it has arrived (not
@@ -85,12 +95,24 @@ func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
 	}
 }
 
+// offeredLocked reports whether peers may take this replica's copy of cluster: confirmed,
+// and known whole to the core. The caller holds l.mu.
+func (l *Layer) offeredLocked(cluster string, c *clusterRep) bool {
+	return !c.restored && !l.h.ClusterUnknown(cluster)
+}
+
+// advertiseLocked tells the peers the epoch of this replica's copy of cluster, held back
+// unless it is offered. The caller holds l.mu.
+func (l *Layer) advertiseLocked(m members, cluster string, c *clusterRep) {
+	m.SetCopy(cluster, l.h.ClusterTenant(cluster), c.epoch, !l.offeredLocked(cluster, c))
+}
+
 // copyEpoch is the epoch of this replica's copy of cluster that peers may take (0: none
-// known, or not confirmed).
+// known, or not offered).
 func (l *Layer) copyEpoch(cluster string) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c := l.clusters[cluster]; c != nil && !c.restored {
+	if c := l.clusters[cluster]; c != nil && l.offeredLocked(cluster, c) {
 		return c.epoch
 	}
 	return 0
@@ -104,6 +126,11 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 	best, from := newestCopies(name, m.Copies(name))
 	mine := c.epoch
 	have := !c.restored && l.h.ClusterSynced(name) // a copy of its own, confirmed
+	if !c.restored {
+		// Whether the core knows it may have changed since it was advertised (an operator
+		// released it; a rename brought what the hub did not know of the old name).
+		l.advertiseLocked(m, name, c)
+	}
 	switch {
 	case !have && !m.Synced():
 		// What the group has is not known yet: a restored copy waits, and so does a
@@ -118,7 +145,7 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 		if l.h.ConfirmRestored(name) {
 			l.log.Info("the copy restored from the state file is the newest the replicas have", "cluster", name, "epoch", mine)
 		}
-		m.SetCopy(name, l.h.ClusterTenant(name), mine, false)
+		l.advertiseLocked(m, name, c)
 		return false
 	case have && mine >= best:
 		// This replica's copy is the newest there is (or as new).

@@ -1,15 +1,25 @@
 package replicas
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/meshfed/meshfed/hub"
+	"github.com/meshfed/meshfed/hub/durable"
+	"github.com/meshfed/meshfed/hub/replicas/membership"
+	"github.com/meshfed/meshfed/internal/testkit/testrun"
+	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
 )
 
@@ -279,5 +289,75 @@ func TestDepartedClusterKeptFromPeers(t *testing.T) {
 	tl.reconcile()
 	if tl.h.ClusterDeparted("north") {
 		t.Error("a departed cluster was taken from a peer after the group was first known")
+	}
+}
+
+// runningLayer is replica self with peers, its core run on the state directory dir, its
+// membership fm from the join on; stop ends it (its state file closed).
+func runningLayer(t *testing.T, dir string, peers ...string) (tl *testLayer, stop func()) {
+	t.Helper()
+	cfg, err := hub.ParseConfig([]byte(layerConfig + "ingest: 127.0.0.1:0\nserve: 127.0.0.1:0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.StateDir = dir
+	h, l, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm := newFakeMembers("self", peers...)
+	l.join = func(membership.Config, *slog.Logger) (members, error) { return fm, nil }
+	stop = testrun.Start(t, "replica", h.Run)
+	testwait.For(t, 10*time.Second, "the replica listening", func() bool { ing, _, _ := h.Addrs(); return ing != "" })
+	ctx, cancel := context.WithCancel(context.Background())
+	tl = &testLayer{Layer: l, h: h, fm: fm, ctx: ctx, wg: &sync.WaitGroup{}} // tl.reconcile: at once, beside the layer's own
+	t.Cleanup(func() { cancel(); tl.wg.Wait() })
+	return tl, stop
+}
+
+// A copy the core does not know whole (its state file's records of it were damaged:
+// unknown, hub/unknown.go) is not the state of the session its epoch names. Confirmed when
+// nothing newer exists, it stays unknown (its tenant's sinks are not served, as on a single
+// hub), and its epoch is advertised held back: no peer may take it. Offered, a peer
+// restarted with a whole copy of the same epoch would take it as a live replica's and
+// delete what the damage lost (test/invariant's replica world:
+// replicas-damaged-copy-taken-by-a-booted-replica). A peer's newer copy replaces it, as
+// any confirmed copy; one of the same epoch does not (its epoch may be older than what it
+// holds).
+func TestUnknownCopyIsNotOffered(t *testing.T) {
+	dir := t.TempDir()
+	tl, stop := runningLayer(t, dir, "a")
+	epoch := heldEast(t, tl)
+	stop()
+	st, _, err := durable.OpenState(filepath.Join(dir, hub.StateFile), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.MarkDamaged("east", "a record damaged")
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	tl, _ = runningLayer(t, dir, "a")
+	if !tl.h.ClusterUnknown("east") {
+		t.Fatal("east's damaged copy is not unknown after the restart")
+	}
+	testwait.For(t, 10*time.Second, "east's restored copy confirmed (a has none)", func() bool { return tl.h.ClusterSynced("east") })
+	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch || !cp.Restored || tl.copyEpoch("east") != 0 {
+		t.Fatalf("east's unknown copy advertised %+v, given at epoch %d; want epoch %d held back, given to no peer", cp, tl.copyEpoch("east"), epoch)
+	}
+	if !tl.h.ClusterUnknown("east") {
+		t.Fatal("confirming east's copy made it known")
+	}
+
+	tl.fm.setCopy("a", "east", epoch, false) // a copy of the same epoch, on a
+	tl.reconcile()
+	if f := tl.following("east"); f != nil {
+		t.Fatalf("following %+v: a confirmed copy gave way to a peer's of the same epoch", f)
+	}
+	tl.fm.setCopy("a", "east", epoch+1, false) // a newer session's
+	tl.reconcile()
+	if f := tl.following("east"); f == nil || !f.copy || f.epoch != epoch+1 || !slices.Equal(f.peers, []string{"a"}) {
+		t.Fatalf("following %+v, want a's copy of epoch %d", f, epoch+1)
 	}
 }

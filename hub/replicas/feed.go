@@ -109,7 +109,7 @@ func (l *Layer) ClusterRenamed(from, to string) {
 	c := l.repLocked(to)
 	c.epoch, c.restored = epoch, restored // the core moved its epoch with its state
 	if m := l.members(); m != nil {
-		m.SetCopy(to, l.h.ClusterTenant(to), c.epoch, c.restored)
+		l.advertiseLocked(m, to, c)
 	}
 }
 
@@ -131,10 +131,11 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 		if a, held := l.members().Authorities()[cluster]; held && !departed {
 			return status.Errorf(codes.FailedPrecondition, "cluster %q is held by replica %q: follow it from there", cluster, a.Replica)
 		}
-		if !l.h.ClusterSynced(cluster) {
+		if !l.h.ClusterSynced(cluster) || l.h.ClusterUnknown(cluster) {
 			// An empty answer would make the asking replica ready without the cluster; a
-			// restored copy not confirmed yet may be older than what the asker knows.
-			return status.Errorf(codes.FailedPrecondition, "replica %q has no copy of cluster %q", l.cfg.Name, cluster)
+			// restored copy not confirmed yet may be older than what the asker knows; one
+			// this replica does not know whole would delete at the asker what it lacks.
+			return status.Errorf(codes.FailedPrecondition, "replica %q has no copy of cluster %q it may give", l.cfg.Name, cluster)
 		}
 		if want := info.Node().GetAnnotations()[ForwardEpochAnnotation]; want != "" {
 			e, err := strconv.ParseUint(want, 10, 64)

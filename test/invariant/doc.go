@@ -44,7 +44,9 @@
 // with `replicas N` and replay with the others.
 //
 // Sequences found and not yet fixed are kept under testdata/open, each saying what it
-// shows; make test does not replay them (they fail), -invariant.script does.
+// shows; make test does not replay them (they fail), -invariant.script does. A failure's
+// report has the last lines of the log; -invariant.log appends all of it to a file, each
+// step marked.
 //
 // It has no product code.
 package invariant

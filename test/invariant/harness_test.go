@@ -626,7 +626,8 @@ func damage(path, kind string, seed int) error {
 
 func statePath(dir string) string { return filepath.Join(dir, hub.StateFile) }
 
-// ringLog keeps the last lines written to it, for a failure's report.
+// ringLog keeps the last lines written to it, for a failure's report, and sends every line
+// to -invariant.log's file if it is set.
 type ringLog struct {
 	mu    sync.Mutex
 	lines []string
@@ -637,9 +638,31 @@ type ringLog struct {
 
 func newRingLog(n int) *ringLog { return &ringLog{lines: make([]string, n)} }
 
+// fullLog is -invariant.log's file (nil without it), opened once for every sequence: the
+// ring of a sequence whose steps wait keeps only the probes of its last one.
+var fullLog = sync.OnceValue(func() io.Writer {
+	if *logTo == "" {
+		return nil
+	}
+	f, err := os.OpenFile(*logTo, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "-invariant.log: %v\n", err)
+		return nil
+	}
+	return f
+})
+
+// mark writes the line that starts step i, e, to the log.
+func (l *ringLog) mark(i int, e event) {
+	fmt.Fprintf(l, "=== step %d: %s\n", i, e)
+}
+
 func (l *ringLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if w := fullLog(); w != nil {
+		_, _ = w.Write(p)
+	}
 	l.part = append(l.part, p...)
 	for {
 		i := bytes.IndexByte(l.part, '\n')

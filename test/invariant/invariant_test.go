@@ -23,6 +23,7 @@ var (
 	survey  = flag.Bool("invariant.survey", false, "run every sequence and print each failing one's first violation, instead of stopping at the first")
 	shrink  = flag.Bool("invariant.shrink", false, "with -invariant.script: print the shortest sequence found that still fails (events removed greedily)")
 	script  = flag.String("invariant.script", "", "a script TestInvariantRegressions replays instead of testdata/regressions")
+	logTo   = flag.String("invariant.log", "", "a file to append the whole log of the hubs, minions and sinks to, each step marked (a failure's report has its last lines only)")
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

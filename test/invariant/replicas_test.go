@@ -1063,8 +1063,9 @@ func (w *rworld) expectReady(r *replica, hb *hub.Hub) bool {
 	for _, p := range w.reps {
 		if ph := p.running(); p != r && ph != nil {
 			for _, c := range ph.Clusters() {
-				// A departed cluster's copy is offered as it was restored (it has no session).
-				if c.Synced && (!c.Restored || c.Departed != nil) {
+				// A departed cluster's copy is offered as it was restored (it has no session);
+				// one whose state the peer does not know whole is not offered at all.
+				if c.Synced && c.Unknown == "" && (!c.Restored || c.Departed != nil) {
 					synced[c.Name] = true
 				}
 			}
@@ -1259,6 +1260,7 @@ func runReplicaSequence(dir string, events []event) (vs []violation, failed int,
 			w.startSinks() // the prelude is over
 		}
 		w.step.Store(int64(i))
+		w.log.mark(i, e)
 		began := time.Now()
 		before := map[*sink]map[key]prot{}
 		for j, s := range w.sinks {

@@ -297,6 +297,7 @@ func runSequence(dir string, events []event) (vs []violation, failed int, h *har
 	}
 	for i, e := range events {
 		h.step.Store(int64(i))
+		h.log.mark(i, e)
 		before := h.m.protected()
 		if err := h.do(e); err != nil {
 			h.fail(i, "%s: %v", e, err)
