@@ -556,9 +556,12 @@ func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (rel api.BreakerR
 	if rel, ok, err := h.releaseUnknown(cs, operator, digest); ok {
 		return rel, err
 	}
-	deleted, err := h.store.release(cs.data, digest)
+	deleted, notTheClusters, err := h.store.release(cs.data, digest)
 	if err != nil {
 		return api.BreakerRelease{}, fmt.Errorf("cluster %q: %w", cluster, err)
+	}
+	if notTheClusters > 0 {
+		h.decided(cs, fmt.Sprintf("operator %s released %d deletions the configuration made, not the cluster", operator, notTheClusters))
 	}
 	total := 0
 	for _, n := range deleted {

@@ -268,6 +268,37 @@ func TestBreakerGuardsAReload(t *testing.T) {
 	}
 }
 
+// A release of what a reload's ownership withdrew is an operator's decision at this hub, not
+// the cluster's state: a replica's peers must not take it as its session's state
+// (ClusterIsSessionState) until a session delivers the cluster's whole state again. A
+// release of the cluster's own deletions leaves its state the session's.
+func TestReleaseOfTheConfigurationsWithdrawalIsNotTheSessionsState(t *testing.T) {
+	h := testHub(t, breakerHub)
+	withClock(h)
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
+	mustApply(t, h, "west", push(t, vsColl, objects("pay", 12)...))
+	_ = h.Apply("west", push(t, vsColl, objects("pay", 12)[:1]...)) // west's own deletions, held
+	if _, err := h.ReleaseBreaker("west", "op", digestOf(t, h, "west")); err != nil {
+		t.Fatal(err)
+	}
+	if !h.ClusterIsSessionState("west") {
+		t.Error("a release of west's own deletions made its state an operator's decision")
+	}
+	reload(t, h, strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1))
+	if _, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east")); err != nil {
+		t.Fatal(err)
+	}
+	if h.ClusterIsSessionState("east") {
+		t.Fatal("east, whose withdrawal by the configuration an operator released, is taken for its session's state")
+	}
+	reload(t, h, breakerHub)
+	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
+	mustApply(t, h, "east", push(t, drColl))
+	if !h.ClusterIsSessionState("east") {
+		t.Error("east's state is not its session's after a session delivered it whole")
+	}
+}
+
 // ownSession is a session of cluster's own source (a minion's stream) on a fake stream;
 // closed counts the hub's closing it.
 func ownSession(t *testing.T, h *Hub, cluster, peer string) *fakeSession {

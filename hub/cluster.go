@@ -46,6 +46,7 @@ type clusterState struct {
 	direct         *Session   // Hub.Apply's, which has no stream
 	departed       *departure // it left the configuration; the hub keeps it (departure.go)
 	unknown        string     // why its last state is unknown ("": known; unknown.go)
+	decided        string     // why what it holds is an operator's decision at this hub, not what a session delivered ("": it is not; ClusterIsSessionState)
 	restored       bool       // what is served of it was read from the state file; its own session has not delivered since
 	mayLack        string     // why what was restored may lack its last changes ("": it cannot); the warm-up's end makes it unknown (unknown.go)
 	unconfirmed    bool       // restored whole, but held back by the layer: not synced until it confirms (ConfirmRestored) or a session delivers
@@ -331,13 +332,36 @@ func (cs *clusterState) isDeparted() bool {
 	return cs.departed != nil
 }
 
-// ClusterUnknown reports whether the hub does not know cluster's last state (unknown.go):
-// what it has of it was read from a state file that cannot vouch for it (damaged records, a
-// kill while it was connected), and no session has delivered its whole state since, nor an
-// operator released it.
-func (h *Hub) ClusterUnknown(cluster string) bool {
+// ClusterIsSessionState reports whether what the hub holds of cluster is the state of the
+// session its epoch names, as that session (or a peer's copy of it) delivered it, so that a
+// peer may take it as that session's state. It is not when the hub does not know the
+// cluster's last state (unknown.go: read from a state file that cannot vouch for it, and no
+// session has delivered its whole state since), nor when an operator's decision at this hub
+// changed or vouched for it since (a release of the configuration's withdrawals, or of an
+// unknown state): replicas do not share operators' decisions, and a peer taking such a
+// copy would take the decision with it (withdrawing, where nobody decided it, what the
+// cluster's writer publishes).
+func (h *Hub) ClusterIsSessionState(cluster string) bool {
 	cs := h.cluster(cluster)
-	return cs != nil && cs.isUnknown()
+	if cs == nil {
+		return false
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.unknown == "" && cs.decided == ""
+}
+
+// decided records that what the hub holds of cs is an operator's decision at this hub, and
+// why (ClusterIsSessionState), until a session delivers its whole state again.
+func (h *Hub) decided(cs *clusterState, why string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	h.decidedLocked(cs, why)
+}
+
+func (h *Hub) decidedLocked(cs *clusterState, why string) {
+	cs.decided = why
+	cs.log.Info("what the hub holds of the cluster is an operator's decision here: peers do not take it as its session's state", "why", why)
 }
 
 // ClusterSynced reports whether cluster is configured and a session has delivered its
@@ -519,6 +543,7 @@ func (h *Hub) delivered(s *Session, collection string) {
 		cs.unconfirmed, cs.restored = false, false
 		h.resyncedLocked(cs)
 		h.knownLocked(cs, "a session delivered its whole state")
+		cs.decided = ""
 	}
 	if complete && !s.away {
 		h.saveMetaLocked(cs)

@@ -98,7 +98,7 @@ func (h *Hub) rename(from, to *clusterState) error {
 	h.layer.ClusterRenamed(from.name, to.name)
 	from.mu.Lock()
 	synced, unconfirmed, epoch, last, away := from.synced, from.unconfirmed, from.epoch, from.lastContact, from.disconnectedAt
-	unknown, mayLack, restored := from.unknown, from.mayLack, from.restored
+	unknown, mayLack, restored, decided := from.unknown, from.mayLack, from.restored, from.decided
 	if from.connected > 0 {
 		away = h.now() // its streams are closed as it leaves
 	}
@@ -107,7 +107,7 @@ func (h *Hub) rename(from, to *clusterState) error {
 	// The same session's state, at its epoch (a replica's peers take it by that epoch), held
 	// back by the layer if it was, with what the hub does not know of it.
 	to.synced, to.unconfirmed, to.epoch, to.lastContact, to.disconnectedAt = synced, unconfirmed, epoch, last, away
-	to.mayLack, to.restored = mayLack, restored
+	to.mayLack, to.restored, to.decided = mayLack, restored, decided
 	if unknown == "" {
 		h.knownLocked(to, "its old name's known state replaced what it kept") // a departed copy whose state was unknown
 	}

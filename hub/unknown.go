@@ -148,6 +148,7 @@ func (h *Hub) releaseUnknown(cs *clusterState, operator, digest string) (api.Bre
 		return api.BreakerRelease{}, true, &HeldChangedError{Reviewed: digest, Now: now}
 	}
 	h.knownLocked(cs, "an operator released it")
+	h.decidedLocked(cs, fmt.Sprintf("operator %s released its unknown state", operator))
 	cs.log.Warn("a cluster whose last state was unknown released by an operator: what was read of it is served", "operator", operator)
 	h.note(api.Event{Kind: api.EventBreaker, Cluster: cs.name, Reason: api.ReasonReleased,
 		Message: fmt.Sprintf("released by operator %s: what was read of its unknown last state is served", operator)})

@@ -33,15 +33,19 @@ import (
 // A replica without a copy waits for the same before it takes one, for the same reason. A
 // held cluster does not wait: its holder is followed as soon as it is known.
 //
-// A copy the core does not know whole (Hub.ClusterUnknown: its state file's records of it
-// were damaged, or may lack what its session did last) is not the state of the session its
-// epoch names: a peer taking it would apply whatever it lacks as deletions. It is confirmed
-// like any restored copy when nothing newer exists (the core keeps it unknown: its tenant's
-// sinks are not served), but advertised held back, as a restored copy is, and not given to
-// peers (offeredLocked) until it is known again; its epoch still counts, so sessions order
-// after it. Confirmed, it is kept like any confirmed copy until a newer one exists: its
-// epoch may be older than what it holds (a file that lost its last changes may have lost a
-// newer epoch with them), so a peer's copy of the same epoch is no better.
+// A copy that is not the state of the session its epoch names (Hub.ClusterIsSessionState)
+// is not given to peers: one the core does not know whole (its state file's records of it
+// were damaged, or may lack what its session did last), where a peer taking it would apply
+// whatever it lacks as deletions; and one an operator's decision at this replica changed or
+// vouched for (a release of the configuration's withdrawals, or of an unknown state), where
+// a peer taking it would take that decision too, which replicas do not share. It is
+// confirmed like any restored copy when nothing newer exists (an unknown one stays unknown:
+// its tenant's sinks are not served), but advertised held back, as a restored copy is, and
+// not given (offeredLocked) until a session delivers the cluster's whole state again (or,
+// unknown, an operator releases it); its epoch still counts, so sessions order after it.
+// Confirmed, it is kept like any confirmed copy until a newer one exists: its epoch may be
+// older than what it holds (a file that lost its last changes may have lost a newer epoch
+// with them), so a peer's copy of the same epoch is no better.
 //
 // A departed cluster (removed from the configuration while it held objects, kept by the core
 // until an operator confirms) is a cluster no replica holds: its copy keeps its epoch and is
@@ -98,7 +102,7 @@ func (l *Layer) setEpochLocked(cluster string, c *clusterRep, epoch uint64) {
 // offeredLocked reports whether peers may take this replica's copy of cluster: confirmed,
 // and known whole to the core. The caller holds l.mu.
 func (l *Layer) offeredLocked(cluster string, c *clusterRep) bool {
-	return !c.restored && !l.h.ClusterUnknown(cluster)
+	return !c.restored && l.h.ClusterIsSessionState(cluster)
 }
 
 // advertiseLocked tells the peers the epoch of this replica's copy of cluster, held back

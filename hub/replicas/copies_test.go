@@ -339,15 +339,15 @@ func TestUnknownCopyIsNotOffered(t *testing.T) {
 	}
 
 	tl, _ = runningLayer(t, dir, "a")
-	if !tl.h.ClusterUnknown("east") {
-		t.Fatal("east's damaged copy is not unknown after the restart")
+	if tl.h.ClusterIsSessionState("east") {
+		t.Fatal("east's damaged copy is taken for its session's state after the restart")
 	}
 	testwait.For(t, 10*time.Second, "east's restored copy confirmed (a has none)", func() bool { return tl.h.ClusterSynced("east") })
 	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch || !cp.Restored || tl.copyEpoch("east") != 0 {
 		t.Fatalf("east's unknown copy advertised %+v, given at epoch %d; want epoch %d held back, given to no peer", cp, tl.copyEpoch("east"), epoch)
 	}
-	if !tl.h.ClusterUnknown("east") {
-		t.Fatal("confirming east's copy made it known")
+	if tl.h.ClusterIsSessionState("east") {
+		t.Fatal("confirming east's copy made it its session's state")
 	}
 
 	tl.fm.setCopy("a", "east", epoch, false) // a copy of the same epoch, on a

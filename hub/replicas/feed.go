@@ -131,7 +131,7 @@ func (f feedRouter) Check(info *mcp.StreamInfo, _ string) error {
 		if a, held := l.members().Authorities()[cluster]; held && !departed {
 			return status.Errorf(codes.FailedPrecondition, "cluster %q is held by replica %q: follow it from there", cluster, a.Replica)
 		}
-		if !l.h.ClusterSynced(cluster) || l.h.ClusterUnknown(cluster) {
+		if !l.h.ClusterSynced(cluster) || !l.h.ClusterIsSessionState(cluster) {
 			// An empty answer would make the asking replica ready without the cluster; a
 			// restored copy not confirmed yet may be older than what the asker knows; one
 			// this replica does not know whole would delete at the asker what it lacks.
