@@ -556,12 +556,22 @@ func (h *Hub) ReleaseBreaker(cluster, operator, digest string) (rel api.BreakerR
 	if rel, ok, err := h.releaseUnknown(cs, operator, digest); ok {
 		return rel, err
 	}
-	deleted, notTheClusters, err := h.store.release(cs.data, digest)
+	if n := h.store.heldForTheConfiguration(cs.data); n > 0 {
+		// The release withdraws what the cluster's writer did not delete: what this hub
+		// holds of it becomes this operator's decision, which replicas do not share. Marked
+		// (no peer may start following it), and the peers' streams following it from here
+		// ended, before anything changes; unless the layer says the decision is the group's
+		// (this hub holds the cluster's live session, which its followers follow). A release
+		// refused below leaves the mark: its copy is offered again once a session delivers
+		// the cluster, which costs nothing.
+		h.decided(cs, fmt.Sprintf("operator %s released %d deletions the configuration made, not the cluster", operator, n))
+		if h.layer.ClusterDecided(cluster) {
+			h.decided(cs, "")
+		}
+	}
+	deleted, err := h.store.release(cs.data, digest)
 	if err != nil {
 		return api.BreakerRelease{}, fmt.Errorf("cluster %q: %w", cluster, err)
-	}
-	if notTheClusters > 0 {
-		h.decided(cs, fmt.Sprintf("operator %s released %d deletions the configuration made, not the cluster", operator, notTheClusters))
 	}
 	total := 0
 	for _, n := range deleted {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -269,34 +270,53 @@ func TestBreakerGuardsAReload(t *testing.T) {
 }
 
 // A release of what a reload's ownership withdrew is an operator's decision at this hub, not
-// the cluster's state: a replica's peers must not take it as its session's state
+// the cluster's state: where the layer says the decision is not the group's (a replica not
+// holding the cluster), peers must not take it as the session's state
 // (ClusterIsSessionState) until a session delivers the cluster's whole state again. A
-// release of the cluster's own deletions leaves its state the session's.
+// release of the cluster's own deletions leaves its state the session's, and on a single
+// hub (its decisions are the group's) nothing is marked.
 func TestReleaseOfTheConfigurationsWithdrawalIsNotTheSessionsState(t *testing.T) {
-	h := testHub(t, breakerHub)
-	withClock(h)
-	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
-	mustApply(t, h, "west", push(t, vsColl, objects("pay", 12)...))
-	_ = h.Apply("west", push(t, vsColl, objects("pay", 12)[:1]...)) // west's own deletions, held
-	if _, err := h.ReleaseBreaker("west", "op", digestOf(t, h, "west")); err != nil {
-		t.Fatal(err)
+	for _, shared := range []bool{false, true} {
+		h := testHub(t, breakerHub)
+		withClock(h)
+		layer := &decidingLayer{shared: shared}
+		h.layer = layer
+		mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
+		mustApply(t, h, "west", push(t, vsColl, objects("pay", 12)...))
+		_ = h.Apply("west", push(t, vsColl, objects("pay", 12)[:1]...)) // west's own deletions, held
+		if _, err := h.ReleaseBreaker("west", "op", digestOf(t, h, "west")); err != nil {
+			t.Fatal(err)
+		}
+		if !h.ClusterIsSessionState("west") || len(layer.told) != 0 {
+			t.Errorf("a release of west's own deletions made its state an operator's decision (layer told %v)", layer.told)
+		}
+		reload(t, h, strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1))
+		if _, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east")); err != nil {
+			t.Fatal(err)
+		}
+		if h.ClusterIsSessionState("east") == !shared || !slices.Equal(layer.told, []string{"east"}) {
+			t.Fatalf("shared %v: east's state is its session's: %v, layer told %v", shared, h.ClusterIsSessionState("east"), layer.told)
+		}
+		reload(t, h, breakerHub)
+		mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
+		mustApply(t, h, "east", push(t, drColl))
+		if !h.ClusterIsSessionState("east") {
+			t.Error("east's state is not its session's after a session delivered it whole")
+		}
 	}
-	if !h.ClusterIsSessionState("west") {
-		t.Error("a release of west's own deletions made its state an operator's decision")
-	}
-	reload(t, h, strings.Replace(breakerHub, "namespaces: [shop]", "namespaces: [shoop]", 1))
-	if _, err := h.ReleaseBreaker("east", "op", digestOf(t, h, "east")); err != nil {
-		t.Fatal(err)
-	}
-	if h.ClusterIsSessionState("east") {
-		t.Fatal("east, whose withdrawal by the configuration an operator released, is taken for its session's state")
-	}
-	reload(t, h, breakerHub)
-	mustApply(t, h, "east", push(t, vsColl, objects("shop", 12)...))
-	mustApply(t, h, "east", push(t, drColl))
-	if !h.ClusterIsSessionState("east") {
-		t.Error("east's state is not its session's after a session delivered it whole")
-	}
+}
+
+// decidingLayer is a single hub's layer that answers ClusterDecided with shared and
+// records what it was told.
+type decidingLayer struct {
+	noLayer
+	shared bool
+	told   []string
+}
+
+func (l *decidingLayer) ClusterDecided(cluster string) bool {
+	l.told = append(l.told, cluster)
+	return l.shared
 }
 
 // ownSession is a session of cluster's own source (a minion's stream) on a fake stream;

@@ -352,7 +352,8 @@ func (h *Hub) ClusterIsSessionState(cluster string) bool {
 }
 
 // decided records that what the hub holds of cs is an operator's decision at this hub, and
-// why (ClusterIsSessionState), until a session delivers its whole state again.
+// why (ClusterIsSessionState), until a session delivers its whole state again ("": it is
+// not).
 func (h *Hub) decided(cs *clusterState, why string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -361,6 +362,9 @@ func (h *Hub) decided(cs *clusterState, why string) {
 
 func (h *Hub) decidedLocked(cs *clusterState, why string) {
 	cs.decided = why
+	if why == "" {
+		return
+	}
 	cs.log.Info("what the hub holds of the cluster is an operator's decision here: peers do not take it as its session's state", "why", why)
 }
 
@@ -616,12 +620,17 @@ func (h *Hub) pendingClusters() []string {
 	return out
 }
 
-// checkReady turns the hub ready when no cluster is pending.
+// checkReady turns the hub ready when no cluster is pending and the layer knows what the
+// group keeps (Layer.GroupKnown).
 func (h *Hub) checkReady() {
-	if len(h.pendingClusters()) == 0 {
+	if len(h.pendingClusters()) == 0 && h.layer.GroupKnown() {
 		h.setReady("every configured cluster has synced")
 	}
 }
+
+// RecheckReady is the layer's word that what the warm-up waits for of it changed
+// (Layer.GroupKnown): the hub turns ready if nothing else is pending.
+func (h *Hub) RecheckReady() { h.checkReady() }
 
 func (h *Hub) setReady(why string) {
 	h.mu.Lock()

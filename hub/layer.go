@@ -52,6 +52,21 @@ type Layer interface {
 	// ClusterRemoved follows.
 	ClusterRenamed(from, to string)
 
+	// GroupKnown reports whether the layer knows what the group keeps: a replica's peers
+	// may keep clusters this hub does not know (departed while it was down, or before its
+	// state directory was emptied), whose copies it must take before it serves a sink. The
+	// warm-up does not end by the clusters' syncing before it does (its timeout ends it
+	// anyway); the layer calls Hub.RecheckReady once it does. A single hub's always does.
+	GroupKnown() bool
+
+	// ClusterDecided is told before an operator's decision at this hub changes what it
+	// holds of cluster in a way its writer did not (a release of what a reload's ownership
+	// withdrew). It returns whether the decision is the group's: its followers follow this
+	// hub's state, as when it holds the cluster's live session. If not, what this hub holds
+	// of cluster is no longer a session's state (Hub.ClusterIsSessionState), and the layer
+	// ends the streams through which peers follow it before the change is made.
+	ClusterDecided(cluster string) (shared bool)
+
 	// ClusterRestored is told, at the start (before Start and before any stream), of each
 	// cluster whose whole state was restored from the state file, with the epoch that state
 	// was saved at (see Hub.SetClusterEpoch). It returns whether the restored state counts
@@ -94,6 +109,8 @@ func (noLayer) StateChanged(string, string, []*mcp.Entry, []string)     {}
 func (noLayer) ClusterRemoved(string)                                   {}
 func (noLayer) ClusterRenamed(string, string)                           {}
 func (noLayer) ClusterRestored(string, uint64) bool                     { return true }
+func (noLayer) ClusterDecided(string) bool                              { return true }
+func (noLayer) GroupKnown() bool                                        { return true }
 func (noLayer) RunTask(ctx context.Context, _ string, run func(context.Context)) {
 	run(ctx)
 }

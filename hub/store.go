@@ -372,30 +372,42 @@ func (s *store) settle(d *clusterData, now time.Time) map[string]int {
 // release applies every deletion d's breaker holds and closes it, if what it holds is
 // what the operator reviewed (digest: heldDeletions.digest); a deletion the cluster took
 // back (it published the object again) is no longer held, so a release never deletes what
-// the cluster publishes. notTheClusters counts the deletions it applied that were the
-// configuration's (a reload's narrower ownership), not the cluster's.
-func (s *store) release(d *clusterData, digest string) (deleted map[string]int, notTheClusters int, err error) {
+// the cluster publishes.
+func (s *store) release(d *clusterData, digest string) (map[string]int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := &d.held
 	if d.removed || b.count == 0 && !b.open {
-		return nil, 0, ErrNothingHeld
+		return nil, ErrNothingHeld
 	}
 	if now := b.digest(); digest != now {
-		return nil, 0, &HeldChangedError{Reviewed: digest, Now: now, Held: b.count}
+		return nil, &HeldChangedError{Reviewed: digest, Now: now, Held: b.count}
 	}
 	all := map[string][]string{}
 	for c, m := range b.names {
-		for n, hd := range m {
+		for n := range m {
 			all[c] = append(all[c], n)
-			if hd.byReload {
-				notTheClusters++
-			}
 		}
 		sort.Strings(all[c])
 	}
 	d.held = heldDeletions{}
-	return s.deleteHeldLocked(d, all), notTheClusters, nil
+	return s.deleteHeldLocked(d, all), nil
+}
+
+// heldForTheConfiguration counts the deletions d's breaker holds that a reload's narrower
+// ownership made, not the cluster.
+func (s *store) heldForTheConfiguration(d *clusterData) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range d.held.names {
+		for _, hd := range m {
+			if hd.byReload {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // breaker returns d's breaker status (nil: it holds nothing).

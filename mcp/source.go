@@ -104,6 +104,7 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 	s.opts.Hooks.streamOpened(info)
 	log.Debug("stream opened", logTransport, info.Transport)
 	ss := &sourceStream{
+		ctx:   ctx,
 		src:   s,
 		st:    st,
 		info:  info,
@@ -169,6 +170,10 @@ func (s *Source) Serve(ctx context.Context, st MsgStream, info *StreamInfo) (err
 // and serve) share it under mu, which is also held while sending so that sends are
 // serialized; store notifications touch only the dirty flags and the wake channel.
 type sourceStream struct {
+	// ctx ends with the stream: once StreamInfo.Close has returned, nothing more is sent,
+	// not even a change made right after it (a replica ends the streams following a copy
+	// before an operator's decision changes the copy; the change must not reach them).
+	ctx  context.Context
 	src  *Source
 	st   MsgStream
 	info *StreamInfo
@@ -381,7 +386,7 @@ func (ss *sourceStream) ack(c *sourceCollection, detail *rpcstatus.Status) error
 // pushReady pushes every collection that has no outstanding push and whose state the sink
 // does not hold yet. A send error ends the stream.
 func (ss *sourceStream) pushReady() error {
-	if ss.closed {
+	if ss.closed || ss.ctx.Err() != nil {
 		return nil
 	}
 	for _, name := range ss.order {

@@ -211,6 +211,17 @@ func (l *Layer) learnDeparted(m members) {
 	}
 }
 
+// GroupKnown implements hub.Layer: the group's departed clusters are learned
+// (learnDeparted), or this replica knows no peer at all once it has tried to join (alone,
+// nothing can be learned; a peer that joins later is learned from then).
+func (l *Layer) GroupKnown() bool {
+	m := l.members()
+	if m == nil {
+		return false // not started: nothing of the group is known yet
+	}
+	return l.learned.Load() || len(m.Replicas()) == 1
+}
+
 // newestCopies returns the highest epoch among the peers' copies of cluster, and the peers
 // that may give a copy of that epoch (confirmed), in rendezvous order so that replicas
 // starting together ask the same one first.

@@ -361,3 +361,32 @@ func TestUnknownCopyIsNotOffered(t *testing.T) {
 		t.Fatalf("following %+v, want a's copy of epoch %d", f, epoch+1)
 	}
 }
+
+// A replica does not turn ready (serve sinks) before it knows what its peers keep: a
+// departed cluster it does not know yet (a replica wiped, or down at the removal) would be
+// missing from what its sinks are first served, and then come back, a withdrawal of what
+// its writer publishes (test/invariant: replicas-wiped-replica-takes-a-held-copy, when a
+// dead peer was not yet noticed). Its configured clusters synced, it waits for the group
+// to be known, then for the copy of what it learned.
+func TestNotReadyBeforeTheGroupIsKnown(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	tl.fm.setCopy("a", "south", 3, false)
+	tl.fm.unsynced = true
+	for _, c := range []string{"east", "west"} {
+		if err := tl.h.Apply(c, &mcp.Change{Collection: vs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tl.reconcile()
+	if !tl.h.ClusterSynced("east") || !tl.h.ClusterSynced("west") {
+		t.Fatal("the configured clusters did not sync")
+	}
+	if tl.h.Ready() {
+		t.Fatal("ready before the group was known")
+	}
+	tl.fm.unsynced = false
+	tl.reconcile()
+	if !tl.h.ClusterDeparted("south") || tl.h.Ready() {
+		t.Fatalf("south departed %v, ready %v: want south kept and its copy awaited", tl.h.ClusterDeparted("south"), tl.h.Ready())
+	}
+}

@@ -210,3 +210,27 @@ func (p *peerStreams) closeAll(cluster string) int {
 	}
 	return len(infos)
 }
+
+// ClusterDecided implements hub.Layer: an operator's decision here is about to change what
+// this replica holds of cluster. Held here (a live session of this replica's), it is the
+// group's: the followers follow this replica's state. Otherwise the peers' streams
+// following this replica's copy end now, before the change, so that none carries it (the
+// core has marked the copy as not its session's state, so none starts again; a stream
+// closed sends nothing more, see mcp's Source.Serve), and the copy is advertised held back.
+func (l *Layer) ClusterDecided(cluster string) bool {
+	m := l.members()
+	if m != nil && m.Holds(cluster) {
+		return true
+	}
+	if m != nil {
+		l.mu.Lock()
+		if c := l.clusters[cluster]; c != nil {
+			l.advertiseLocked(m, cluster, c)
+		}
+		l.mu.Unlock()
+	}
+	if n := l.peers.closeAll(cluster); n > 0 {
+		l.log.Info("an operator's decision here changes the cluster's copy: closed the peers' streams following it", "cluster", cluster, "streams", n)
+	}
+	return false
+}

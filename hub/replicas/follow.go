@@ -72,6 +72,9 @@ func (l *Layer) followPeers(ctx context.Context) {
 func (l *Layer) reconcile(ctx context.Context, wg *sync.WaitGroup) {
 	m := l.members()
 	l.learnDeparted(m) // before l.mu: the core's configuration lock orders before it
+	if l.GroupKnown() {
+		l.h.RecheckReady()
+	}
 	auth := m.Authorities()
 	held, followed := map[string]bool{}, map[string]bool{}
 	l.mu.Lock()
