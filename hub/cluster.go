@@ -336,7 +336,9 @@ func (cs *clusterState) isDeparted() bool {
 // session its epoch names, as that session (or a peer's copy of it) delivered it, so that a
 // peer may take it as that session's state. It is not when the hub does not know the
 // cluster's last state (unknown.go: read from a state file that cannot vouch for it, and no
-// session has delivered its whole state since), nor when an operator's decision at this hub
+// session has delivered its whole state since), nor when what it restored may lack the
+// session's last changes (a kill while the cluster was connected, a read-only state file:
+// unknown once the warm-up ends), nor when an operator's decision at this hub
 // changed or vouched for it since (a release of the configuration's withdrawals, or of an
 // unknown state): replicas do not share operators' decisions, and a peer taking such a
 // copy would take the decision with it (withdrawing, where nobody decided it, what the
@@ -348,7 +350,7 @@ func (h *Hub) ClusterIsSessionState(cluster string) bool {
 	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	return cs.unknown == "" && cs.decided == ""
+	return cs.unknown == "" && cs.mayLack == "" && cs.decided == ""
 }
 
 // decided records that what the hub holds of cs is an operator's decision at this hub, and

@@ -73,6 +73,10 @@ type Layer interface {
 	// as the cluster's synced state now, for the warm-up and as a copy peers may take; if
 	// not, it counts once the layer calls Hub.ConfirmRestored, or once a session of the
 	// cluster has delivered everything (which replaced it). A single hub's always counts.
+	// A state that may lack its last changes (a kill while the cluster was connected, a
+	// read-only state file) is told too, for its epoch, but never counts whatever the layer
+	// says, and ConfirmRestored does not make it count (nor Hub.ClusterIsSessionState report
+	// it as its session's state): only a session's delivery does.
 	ClusterRestored(cluster string, epoch uint64) bool
 
 	// RunTask runs run, one of the hub's dial-outs (key names it: dialSink/<name>,

@@ -295,10 +295,16 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store,
 	if last.IsZero() {
 		last = h.now()
 	}
-	// A departed cluster's minion never comes to make up for what the file may lack: the
-	// layer decides (a replica's peers may have a newer copy; a single hub's counts, and a
-	// departed copy that may lack its last changes is unknown: openState).
-	present = c.Synced && (mayLack == "" || comp.departed[name]) && h.layer.ClusterRestored(name, c.Epoch)
+	// The layer is told of every whole copy, one that may lack its last changes included:
+	// its epoch is what the replica's copy is of, which the group must count (a session it
+	// holds next is newer, and a peer's older copy must not replace it). Such a copy does
+	// not count here whatever the layer says (ConfirmRestored does not take it whole): its
+	// minion makes up for what the file may lack, or a peer's whole copy of at least its
+	// epoch replaces it, else the warm-up's end makes it unknown. A departed cluster's
+	// minion never comes: the layer decides (a replica's peers may have a newer copy; a
+	// single hub's counts, and a departed copy that may lack its last changes is unknown:
+	// openState).
+	present = c.Synced && h.layer.ClusterRestored(name, c.Epoch) && (mayLack == "" || comp.departed[name])
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	cs.lastContact, cs.disconnectedAt, cs.synced, cs.restored, cs.mayLack = last, last, present, true, mayLack
@@ -312,14 +318,19 @@ func (h *Hub) restoreCluster(name string, c *durable.Cluster, st *durable.Store,
 // ConfirmRestored makes a cluster's restored state, which the layer held back
 // (ClusterRestored returned false), count as synced: the layer found nothing newer of the
 // cluster. It reports whether it did: not once a session has delivered the cluster's state
-// (which replaced the restored one), nor for a cluster not restored whole.
+// (which replaced the restored one), nor for a cluster not restored whole, nor for a copy
+// that may lack its session's last changes (a kill while its minion was connected here, a
+// read-only state file): nothing newer is known, but it is not that session's whole state,
+// so it stays uncounted until its minion resyncs it or a peer's whole copy of at least its
+// epoch replaces it (the warm-up's end makes it unknown meanwhile: unknown.go). A departed
+// one is confirmed (no minion comes; openState made it unknown).
 func (h *Hub) ConfirmRestored(cluster string) bool {
 	cs := h.cluster(cluster)
 	if cs == nil {
 		return false
 	}
 	cs.mu.Lock()
-	ok := cs.unconfirmed && !cs.removed
+	ok := cs.unconfirmed && !cs.removed && (cs.mayLack == "" || cs.departed != nil)
 	if ok {
 		cs.unconfirmed, cs.synced = false, true
 		h.resyncedLocked(cs)

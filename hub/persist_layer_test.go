@@ -1,14 +1,17 @@
 package hub
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshfed/meshfed/hub/durable"
 	"github.com/meshfed/meshfed/internal/testkit/testrun"
 	"github.com/meshfed/meshfed/internal/testkit/testwait"
 	"github.com/meshfed/meshfed/mcp"
@@ -260,5 +263,73 @@ func TestKeepDepartedFromAPeer(t *testing.T) {
 	}
 	if slices.Contains(h.pendingClusters(), "south") {
 		t.Errorf("pending %v after south's copy delivered", h.pendingClusters())
+	}
+}
+
+// A copy that may lack its session's last changes (the hub was killed while the cluster's
+// minion was connected) is told to the layer with its epoch like any whole one: a replica
+// that did not know it held the cluster at a lower epoch than its file had, and took a
+// peer's older copy over it (a new session there, or an older epoch than the file's, must
+// not order before it). But the layer's confirmation (nothing newer known) does not make it
+// count: it is not its session's whole state, so it stays pending, is not given to peers,
+// and becomes unknown at the warm-up's end unless its minion resyncs it.
+func TestMayLackCopyToldToTheLayerButNotConfirmedWhole(t *testing.T) {
+	dir := t.TempDir()
+	var killed atomic.Bool
+	dead := func() error {
+		if killed.Load() {
+			return errors.New("the process was killed")
+		}
+		return nil
+	}
+	start := func(faults *durable.Faults) (*Hub, *heldBackLayer, func()) {
+		cfg, err := ParseConfig([]byte(persistHub))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.StateDir = dir
+		l := &heldBackLayer{restored: map[string]uint64{}}
+		h, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Layer: l, StateFaults: faults})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := testrun.Start(t, "hub Run", h.Run)
+		testwait.For(t, 10*time.Second, "listening", func() bool { _, s, _ := h.Addrs(); return s != "" })
+		return h, l, stop
+	}
+	a, _, stop := start(&durable.Faults{BeforeCommit: dead, BeforeMark: dead})
+	east := openSession(t, a, "east") // connected: its Connected mark is on disk
+	for _, c := range []*mcp.Change{push(t, vsColl, "shop/a"), push(t, drColl)} {
+		if err := a.apply(east.s, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustApply(t, a, "west", push(t, vsColl, "pay/x"))
+	mustApply(t, a, "west", push(t, drColl))
+	a.SetClusterEpoch("east", 3)
+	a.SetClusterEpoch("west", 2)
+	if err := a.flushState(); err != nil {
+		t.Fatal(err)
+	}
+	killed.Store(true) // -9 while east's minion is connected
+	stop()
+	killed.Store(false)
+
+	b, l, _ := start(nil)
+	if got := l.told(); got["east"] != 3 || got["west"] != 2 {
+		t.Fatalf("the layer was told %v, want east at epoch 3 (it may lack its last changes) and west at 2", got)
+	}
+	if b.ClusterIsSessionState("east") {
+		t.Error("a copy that may lack its session's last changes is reported as that session's state")
+	}
+	if !b.ConfirmRestored("west") || !b.ClusterSynced("west") {
+		t.Fatal("west's whole copy was not confirmed")
+	}
+	if b.ConfirmRestored("east") || b.ClusterSynced("east") || !slices.Contains(b.pendingClusters(), "east") || b.Ready() {
+		t.Fatalf("east, which may lack its last changes, confirmed whole: synced %v, pending %v", b.ClusterSynced("east"), b.pendingClusters())
+	}
+	b.unknownAtWarmUpEnd()
+	if !b.cluster("east").isUnknown() {
+		t.Error("east not unknown at the warm-up's end")
 	}
 }

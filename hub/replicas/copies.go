@@ -40,7 +40,11 @@ import (
 // vouched for (a release of the configuration's withdrawals, or of an unknown state), where
 // a peer taking it would take that decision too, which replicas do not share. It is
 // confirmed like any restored copy when nothing newer exists (an unknown one stays unknown:
-// its tenant's sinks are not served), but advertised held back, as a restored copy is, and
+// its tenant's sinks are not served; one that may lack its session's last changes, from a
+// kill while its minion was connected or a read-only state file, is not confirmed at all:
+// it stays restored, its epoch counted, until its minion resyncs it or a peer's whole copy
+// of at least its epoch replaces it, and the warm-up's end makes it unknown), but
+// advertised held back, as a restored copy is, and
 // not given (offeredLocked) until a session delivers the cluster's whole state again (or,
 // unknown, an operator releases it); its epoch still counts, so sessions order after it.
 // Confirmed, it is kept like any confirmed copy until a newer one exists: its epoch may be
@@ -145,8 +149,17 @@ func (l *Layer) copyLocked(ctx context.Context, name string, c *clusterRep, f *f
 	case c.restored && (mine > best || (mine == best && len(from) == 0)):
 		// Nothing newer anywhere (at a tie, only other restored copies: the same session's).
 		l.stopLocked(name, c, "")
+		confirmed := l.h.ConfirmRestored(name)
+		if !confirmed && !l.h.ClusterSynced(name) && !l.h.ClusterIsSessionState(name) {
+			// The core does not take it whole: it may lack its session's last changes (a
+			// kill while its minion was connected here, a read-only state file). It stays
+			// held back, its epoch counted (a newer copy or session replaces it, an older
+			// one does not), until its minion resyncs it or a peer's whole copy of at least
+			// its epoch replaces it; the warm-up's end makes it unknown meanwhile.
+			return false
+		}
 		c.restored = false
-		if l.h.ConfirmRestored(name) {
+		if confirmed {
 			l.log.Info("the copy restored from the state file is the newest the replicas have", "cluster", name, "epoch", mine)
 		}
 		l.advertiseLocked(m, name, c)

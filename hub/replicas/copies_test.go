@@ -4,10 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -296,18 +298,35 @@ func TestDepartedClusterKeptFromPeers(t *testing.T) {
 // membership fm from the join on; stop ends it (its state file closed).
 func runningLayer(t *testing.T, dir string, peers ...string) (tl *testLayer, stop func()) {
 	t.Helper()
+	return runningLayerOn(t, dir, nil, peers...)
+}
+
+// runningLayerOn is runningLayer with the state file's disk failing as faults say; its
+// membership starts with the copies the layer restored, as membership.Start does.
+func runningLayerOn(t *testing.T, dir string, faults *durable.Faults, peers ...string) (tl *testLayer, stop func()) {
+	t.Helper()
 	cfg, err := hub.ParseConfig([]byte(layerConfig + "ingest: 127.0.0.1:0\nserve: 127.0.0.1:0\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.StateDir = dir
-	h, l, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	h, l, err := NewWithOptions(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), hub.Options{StateFaults: faults})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fm := newFakeMembers("self", peers...)
-	l.join = func(membership.Config, *slog.Logger) (members, error) { return fm, nil }
-	stop = testrun.Start(t, "replica", h.Run)
+	l.join = func(c membership.Config, _ *slog.Logger) (members, error) {
+		for cluster, epoch := range c.RestoredCopies {
+			fm.setCopy("self", cluster, epoch, true)
+		}
+		return fm, nil
+	}
+	run := h.Run
+	if faults != nil {
+		// A failing disk's close reports what it could not write: not this test's concern.
+		run = func(ctx context.Context) error { _ = h.Run(ctx); return nil }
+	}
+	stop = testrun.Start(t, "replica", run)
 	testwait.For(t, 10*time.Second, "the replica listening", func() bool { ing, _, _ := h.Addrs(); return ing != "" })
 	ctx, cancel := context.WithCancel(context.Background())
 	tl = &testLayer{Layer: l, h: h, fm: fm, ctx: ctx, wg: &sync.WaitGroup{}} // tl.reconcile: at once, beside the layer's own
@@ -388,5 +407,49 @@ func TestNotReadyBeforeTheGroupIsKnown(t *testing.T) {
 	tl.reconcile()
 	if !tl.h.ClusterDeparted("south") || tl.h.Ready() {
 		t.Fatalf("south departed %v, ready %v: want south kept and its copy awaited", tl.h.ClusterDeparted("south"), tl.h.Ready())
+	}
+}
+
+// A copy restored from a state file that may lack its session's last changes (here a
+// read-only one: the last run may not have written them; a kill while the cluster's minion
+// was connected is the same) is still the copy of its epoch: the membership counts it from
+// the join, so no older copy of a peer replaces it (before, the core did not tell the layer
+// of it, and the replica took a peer's older copy over it, and held the cluster's next
+// session at an epoch below its file's). Nothing newer known, it is not confirmed whole
+// either: held back, given to no peer, it waits for its minion, or for a peer's whole copy
+// of at least its epoch, which replaces it.
+func TestMayLackCopyKeepsItsEpoch(t *testing.T) {
+	dir := t.TempDir()
+	tl, stop := runningLayer(t, dir, "a")
+	heldEast(t, tl)
+	epoch := heldEast(t, tl) // a second session: epoch 2
+	stop()
+
+	readOnly := &durable.Faults{OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		if flag&(os.O_WRONLY|os.O_RDWR|os.O_CREATE) != 0 {
+			return nil, &os.PathError{Op: "open", Path: name, Err: syscall.EROFS}
+		}
+		return os.OpenFile(name, flag, perm)
+	}}
+	tl, _ = runningLayerOn(t, dir, readOnly, "a")
+	tl.fm.setCopy("a", "east", epoch-1, false) // an older session's copy, confirmed on a
+	if got := tl.restoredCopies()["east"]; got != epoch {
+		t.Fatalf("east's restored copy is in the membership at epoch %d, want %d", got, epoch)
+	}
+	tl.reconcile()
+	if f := tl.following("east"); f != nil {
+		t.Fatalf("following %+v: a peer's older copy replaced the restored one of epoch %d", f, epoch)
+	}
+	if !tl.restored() || tl.h.ClusterSynced("east") || tl.copyEpoch("east") != 0 {
+		t.Fatalf("east's copy that may lack its last changes: held back %v, synced %v, given at epoch %d; want held back, not synced, given to no peer",
+			tl.restored(), tl.h.ClusterSynced("east"), tl.copyEpoch("east"))
+	}
+	if cp := tl.fm.copyOf("east"); cp.Epoch != epoch || !cp.Restored {
+		t.Fatalf("advertised %+v, want epoch %d held back", cp, epoch)
+	}
+	tl.fm.setCopy("a", "east", epoch, false) // a's whole copy of the same session
+	tl.reconcile()
+	if f := tl.following("east"); f == nil || !f.copy || f.epoch != epoch {
+		t.Fatalf("following %+v, want a's whole copy of epoch %d", f, epoch)
 	}
 }

@@ -48,7 +48,9 @@ type model struct {
 	// publishes, until it publishes again: an operator accepted what the hub read of the
 	// cluster when its last state was unknown (an operator's decision); or the hub restarted
 	// after a run whose state file was read-only from its start, which leaves no trace (a
-	// documented limit: the file is older than what that run served, and nothing says so).
+	// documented limit: the file is older than what that run served, and nothing says so;
+	// in the replica world, from the end of a replica's such run: its epochs are lost too).
+	// A removed cluster's objects in a loose namespace are not protected either.
 	loose   map[string]bool
 	cfg     []entry
 	removed map[string]removal // cluster name -> its objects, until an operator confirms
@@ -173,6 +175,9 @@ func (m *model) protected() map[key]prot {
 	}
 	for name, r := range m.removed {
 		for k := range r.keys {
+			if m.loose[k.namespace()] {
+				continue
+			}
 			if v, ok := m.pub[r.identity][k]; ok {
 				if _, ok := out[k]; !ok {
 					out[k] = prot{cluster: name, version: v, lenient: true}

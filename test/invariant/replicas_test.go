@@ -54,6 +54,8 @@ import (
 //     replica's breaker held once stays allowed (not protected) until no replica serves it.
 //   - A replica may serve what another replica's protection has (a peer's copy), never less
 //     than its own.
+//   - A replica's run whose state file was read-only from its start leaves no trace, its
+//     epochs included (the single hub's loose, from the end of that run: readOnlyRunEnded).
 var (
 	rseqs   = flag.Int("invariant.replicas.seqs", 3, "random sequences TestInvariantReplicas runs")
 	rlength = flag.Int("invariant.replicas.len", 30, "events per replica sequence after its prelude")
@@ -244,6 +246,9 @@ type replica struct {
 	booted                *hub.Config // the configuration it started with (a reload keeps its listeners and replicas section)
 
 	disk
+	// roStart: the run now going opened its state file read-only (it writes nothing, and
+	// leaves no trace: readOnlyRunEnded).
+	roStart bool
 }
 
 // running returns the replica's hub if it is up.
@@ -497,6 +502,7 @@ func (w *rworld) bootOn(r *replica) error {
 		ing, srv, _ := hb.Addrs()
 		if g := layer.GossipAddr(); ing != "" && srv != "" && g != "" {
 			r.hub, r.layer, r.stop, r.ended, r.booted = hb, layer, cancel, ended, cfg
+			r.roStart = r.readonly.Load()
 			r.ingest, r.serve, r.gossip = ing, srv, g
 			return nil
 		}
@@ -525,6 +531,9 @@ func (w *rworld) halt(r *replica, kill bool) {
 	if hb == nil {
 		return
 	}
+	if r.roStart {
+		w.readOnlyRunEnded()
+	}
 	if kill {
 		r.killed.Store(true)
 		layer.Crash()
@@ -546,6 +555,30 @@ func (w *rworld) halt(r *replica, kill bool) {
 			return
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// readOnlyRunEnded is the single hub's rule for a run whose state file was read-only from
+// its start (harness.startHub, ARCHITECTURE.md's known limit), in the replica world: that
+// run leaves no trace, the epochs of the sessions it held or followed included, and once it
+// ends no replica may know them any more. Its own next start, read-only again, keeps its
+// copies unknown; but a peer restarted on an older copy (its own file's, whole to it) finds
+// nothing newer in the group and confirms it, as the single hub's next writable start
+// serves its file's older state (test/invariant/testdata/regressions/
+// replicas-read-only-run-leaves-no-epoch.seq). So every cluster's namespace, a removed
+// one's included, is loose until its writer publishes again (for a running minion, at the
+// step's settle): what was served of it may be served, or not.
+func (w *rworld) readOnlyRunEnded() {
+	m := w.m
+	for _, c := range m.cfg {
+		m.loose[c.ns] = true
+	}
+	for _, at := range w.removedAt {
+		for _, rm := range at {
+			for k := range rm.keys {
+				m.loose[k.namespace()] = true
+			}
+		}
 	}
 }
 
