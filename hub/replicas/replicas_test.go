@@ -336,6 +336,31 @@ func TestSupersededSession(t *testing.T) {
 	}
 }
 
+// Two replicas that took a cluster at once, each before it heard of the other (two minions
+// of one identity, or one failing over while the other connects), hold it at the same
+// epoch: the authority (the lower replica name) wins the tie, and the other's session
+// writes nothing more and is ended. Before, neither was superseded: the loser followed the
+// winner's session while its own minion's stream, ACKed, stayed its writer, so its state
+// was the winner's and its minion never resent its own (test/invariant:
+// replicas-two-writers-second-not-taken-after-the-first-stops).
+func TestTiedSessionLosesToTheAuthority(t *testing.T) {
+	tl := newTestLayer(t, "a")
+	m := tl.minionSession(t, "east")
+	tl.SessionDelivered(m)
+	a, _ := tl.fm.Authorities()["east"]
+	if a.Replica != "self" {
+		t.Fatalf("authority %+v, want self", a)
+	}
+	tl.fm.set("a", "east", a.Epoch) // a took east at the same epoch; "a" < "self" wins the tie
+	if tl.MayWrite(m) {
+		t.Error("the session that lost the tie still writes")
+	}
+	tl.reconcile()
+	if f := tl.following("east"); f == nil || f.replica != "a" {
+		t.Errorf("following east from %+v, want a (the tie's winner)", f)
+	}
+}
+
 // Handover: when east's authority moves from a to b, the follow from a stops at once and
 // one from b starts; when nobody holds east, the follow stops and this replica keeps the
 // copy it has.

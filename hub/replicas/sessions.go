@@ -163,10 +163,15 @@ func (l *Layer) MayWrite(s *hub.Session) bool {
 
 // superseded reports whether a minion session here holding epoch (0: it has not delivered
 // everything yet, so it is newer than any session) has been replaced by the session of
-// the cluster's authority a: another replica's, newer. Equal epochs (two sessions started
-// on both sides of a split) supersede neither: each side writes its own until the heal.
+// the cluster's authority a: another replica's, newer, or of the same epoch, where the
+// authority won the tie (the lower replica name). Equal epochs come from two replicas
+// taking the cluster at once, each before it heard of the other (two minions of one
+// identity, or one failing over), or from both sides of a split; left to write both, the
+// replica that follows the authority's session would mix its state with its own
+// session's, and its own minion, ACKed, would never resend what the authority's state
+// replaced there. During a split each side sees only its own, and writes it until the heal.
 func (l *Layer) superseded(epoch uint64, a membership.Authority) bool {
-	return epoch > 0 && a.Replica != l.cfg.Name && a.Epoch > epoch
+	return epoch > 0 && a.Replica != l.cfg.Name && a.Epoch >= epoch
 }
 
 // endSupersededLocked ends the cluster's minion sessions here that the session of its
@@ -184,7 +189,7 @@ func (l *Layer) endSupersededLocked(cluster string, c *clusterRep, a membership.
 			continue
 		}
 		l.noteTakeover(cluster)
-		why := fmt.Sprintf("cluster %q is written through replica %s by a newer session (epoch %d) than this stream's (epoch %d): two minions with one identity, or this one reconnected there; this stream writes nothing more",
+		why := fmt.Sprintf("cluster %q is written through replica %s by a session that supersedes this stream's (epoch %d, this one's %d; a tie goes to the lower replica name): two minions with one identity, or this one reconnected there; this stream writes nothing more",
 			cluster, a.Replica, a.Epoch, epoch)
 		l.log.Warn("a newer session of the cluster through another replica superseded a minion stream here: ending it", "cluster", cluster,
 			"replica", a.Replica, "epoch", a.Epoch, "superseded_epoch", epoch)
