@@ -141,6 +141,16 @@ func (h *harness) do(e event) error {
 						m.loose[c.ns] = true
 					}
 				}
+				if r, ok := m.removed[e.args[0]]; ok {
+					// A removed one (departed, unknown: its records damaged) stays kept, now
+					// with what was read of it (the hub confirms its removal only at a
+					// second release): what it had is the operator's decision too, also if
+					// the configuration has it again.
+					m.loose[homeNS[r.identity]] = true
+					for k := range r.keys {
+						m.loose[k.namespace()] = true
+					}
+				}
 			}
 			if r, ok := m.removed[e.args[0]]; ok {
 				// The removal is confirmed: the hub has nothing of that writer's any more.
