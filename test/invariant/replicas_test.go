@@ -1128,6 +1128,12 @@ func (w *rworld) settle(step int) string {
 			if w.m.second[id] && !w.seconds[id].answeredAnywhere() {
 				amiss = append(amiss, "minion "+id+"'s second not answered")
 			}
+			// The only minion of a configured identity writes its cluster in the end: a
+			// refusal for competing with a writer that is gone (a dead replica's session
+			// not yet noticed, damping) is not its answer.
+			if only := w.onlyMinion(id); only != nil && !only.writesAnywhere() {
+				amiss = append(amiss, "minion "+id+" not writing, alone")
+			}
 		}
 		if len(amiss) == 0 {
 			break
