@@ -773,7 +773,13 @@ func (w *rworld) do(e event) error {
 		m.reconfigure(next)
 		for name, rm := range m.removed {
 			if _, was := old[name]; !was {
-				for _, at := range w.removedAt {
+				for rname, at := range w.removedAt {
+					if w.forgot[rname][rm.identity] {
+						// A removal confirmed there took what the writer had published, and it
+						// has not published since: the replica had nothing of it to keep.
+						at[name] = removal{identity: rm.identity, keys: map[key]bool{}}
+						continue
+					}
 					at[name] = rm
 				}
 			}
