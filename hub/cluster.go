@@ -572,7 +572,7 @@ func (h *Hub) delivered(s *Session, collection string) {
 func (cs *clusterState) status() api.ClusterStatus {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced, Restored: cs.restored, Unknown: cs.unknown}
+	st := api.ClusterStatus{Name: cs.name, Connected: cs.connected > 0, Streams: cs.connected, Synced: cs.synced, Restored: cs.restored, Unknown: cs.unknown, Decided: cs.decided}
 	if cs.departed != nil {
 		t := cs.departed.since
 		st.Departed = &t

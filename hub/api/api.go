@@ -101,6 +101,11 @@ type ClusterStatus struct {
 	// tenant are not served until its minion resyncs or an operator releases it (its Breaker
 	// says so). Absent: known.
 	Unknown string `json:"unknown,omitempty"`
+	// Decided says why what this hub holds of the cluster is an operator's decision here
+	// (a release of what a reload's ownership withdrew, or of an unknown state) rather than
+	// what the cluster's session delivered: with replicas, its peers do not take this copy
+	// until the cluster's minion delivers again. Absent: it is the session's.
+	Decided string `json:"decided,omitempty"`
 	// Departed: the cluster left the configuration then (a reload without it, its entry
 	// renamed, a restart with a configuration that lacks it). Its objects stay served, held
 	// by its breaker, until an operator confirms the removal (a release) or the

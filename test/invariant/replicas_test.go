@@ -1103,8 +1103,9 @@ func (w *rworld) expectReady(r *replica, hb *hub.Hub) bool {
 		if ph := p.running(); p != r && ph != nil {
 			for _, c := range ph.Clusters() {
 				// A departed cluster's copy is offered as it was restored (it has no session);
-				// one whose state the peer does not know whole is not offered at all.
-				if c.Synced && c.Unknown == "" && (!c.Restored || c.Departed != nil) {
+				// one whose state the peer does not know whole, or that an operator's decision
+				// there changed, is not offered at all.
+				if c.Synced && c.Unknown == "" && c.Decided == "" && (!c.Restored || c.Departed != nil) {
 					synced[c.Name] = true
 				}
 			}
