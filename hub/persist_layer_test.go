@@ -1,13 +1,11 @@
 package hub
 
 import (
-	"errors"
 	"io"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,13 +273,7 @@ func TestKeepDepartedFromAPeer(t *testing.T) {
 // and becomes unknown at the warm-up's end unless its minion resyncs it.
 func TestMayLackCopyToldToTheLayerButNotConfirmedWhole(t *testing.T) {
 	dir := t.TempDir()
-	var killed atomic.Bool
-	dead := func() error {
-		if killed.Load() {
-			return errors.New("the process was killed")
-		}
-		return nil
-	}
+	killed, dead := killSwitch()
 	start := func(faults *durable.Faults) (*Hub, *heldBackLayer, func()) {
 		cfg, err := ParseConfig([]byte(persistHub))
 		if err != nil {

@@ -255,19 +255,25 @@ func TestReleaseRefusedWhileTheStateFileCannotKeepIt(t *testing.T) {
 	}
 }
 
+// killSwitch is a state file's fault: once killed is set, every commit fails as a killed
+// process's does (nothing more reaches the file).
+func killSwitch() (killed *atomic.Bool, dead func() error) {
+	killed = new(atomic.Bool)
+	return killed, func() error {
+		if killed.Load() {
+			return errors.New("the process was killed")
+		}
+		return nil
+	}
+}
+
 // A rename by reload is on disk when the reload returns (found by the model test): a hub
 // killed right after it, before its next commit, restarts with the renamed cluster's state
 // under the new name, not with the old name departed, which an operator may confirm away
 // while its writer, under the new name, still publishes the objects.
 func TestRenameByReloadSurvivesAKillRightAfter(t *testing.T) {
 	dir := t.TempDir()
-	var killed atomic.Bool
-	dead := func() error {
-		if killed.Load() {
-			return errors.New("the process was killed")
-		}
-		return nil
-	}
+	killed, dead := killSwitch()
 	h := testHub(t, persistHub)
 	h.cfg.StateDir = dir
 	h.stateFaults = &durable.Faults{BeforeCommit: dead, BeforeMark: dead}
