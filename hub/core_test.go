@@ -518,3 +518,37 @@ func TestApplyIsAPush(t *testing.T) {
 		t.Error("Apply to an unknown cluster")
 	}
 }
+
+// A peer replica's session (following the replica that holds the cluster) carries what that
+// replica serves: an object this configuration does not allow is one the holder's breaker
+// holds, so it is stored and judged as a reload judges it (held, served), not refused.
+// Refused, a replica booted while a re-owning reload's hold lasted never had the objects,
+// and a peer following it later took their absence as deletions
+// (test/invariant: replicas-reowned-away-held-objects-lost-by-a-new-holder). A session the
+// configuration judges (the cluster's own) is refused as before.
+func TestPeerSessionKeepsWhatTheHolderHolds(t *testing.T) {
+	reowned := strings.Replace(breakerHub, "namespaces: [pay]", "namespaces: [payx]", 1)
+	h := testHub(t, reowned)
+	withClock(h)
+	sink := watchAs(t, h, "", "istiod")
+	peer, err := h.OpenSession("west", SessionOptions{Peer: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.apply(peer, push(t, vsColl, objects("pay", 12)...)); err != nil {
+		t.Fatalf("a peer's session of what its holder serves: %v", err)
+	}
+	if got := countNames(sink.names(vsColl)); got != 12 {
+		t.Errorf("served after a peer's session: %d, want the 12 its holder's breaker holds", got)
+	}
+	if b := h.Clusters()[1].Breaker; b == nil || b.Held != 12 {
+		t.Errorf("west's breaker after a peer's session: %+v, want 12 held", b)
+	}
+	own, err := h.OpenSession("west", SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.apply(own, push(t, vsColl, "pay/new")); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a session the configuration judges: %v, want PermissionDenied", err)
+	}
+}

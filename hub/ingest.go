@@ -129,7 +129,7 @@ type peerSource struct{ fullState bool }
 // newSession builds a session of cs: its Sink requests the cluster's collections, declares
 // what the hub holds of cs (so a peer that resumes does not resend) and applies pushes.
 func (h *Hub) newSession(cs *clusterState, opts SessionOptions, peer *peerSource) (*Session, error) {
-	s := &Session{cs: cs, away: opts.Away, delivered: map[string]bool{}, own: peer != nil}
+	s := &Session{cs: cs, away: opts.Away, peer: opts.Peer || opts.Away, delivered: map[string]bool{}, own: peer != nil}
 	so := mcp.SinkOptions{
 		Collections:     h.current().comp.collections(cs.name),
 		Node:            opts.Node,
@@ -241,11 +241,13 @@ func (h *Hub) apply(s *Session, c *mcp.Change) error {
 		if err == nil && !departedCopy { // a departed cluster owns nothing: its objects are held, below
 			err = cur.comp.check(cs.name, acl.Object{Collection: c.Collection, Name: e.Name, Hosts: hosts})
 			reason = checkReason(err)
-			if err != nil && s.away {
-				// A peer's copy holds what its holder serves: an object this configuration
-				// does not allow is one the holder's breaker holds (or a configuration not yet
-				// the same on every replica). Stored, then judged as a reload judges it, below:
-				// refused here, a sink on this replica would lose what the holder serves.
+			if err != nil && s.peer {
+				// A peer's session (following the holder, or a copy) holds what its holder
+				// serves: an object this configuration does not allow is one the holder's
+				// breaker holds (or a configuration not yet the same on every replica). Stored,
+				// then judged as a reload judges it, below: refused here, a sink on this
+				// replica would lose what the holder serves, and a peer following this replica
+				// later would take its absence as deletions.
 				err, copyRefused = nil, true
 			}
 		}

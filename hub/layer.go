@@ -128,6 +128,11 @@ type SessionOptions struct {
 	// kept elsewhere). It does not make the cluster connected, and the cluster's staleness
 	// clock starts when it has delivered every collection.
 	Away bool
+	// Peer: the stream comes from a peer replica (following the replica that holds the
+	// cluster, or a copy): what it carries is what that replica serves, so an object this
+	// hub's configuration does not allow is stored and judged as a reload judges it (held by
+	// the breaker, as on the holder), not refused.
+	Peer bool
 }
 
 // Session is one stream writing a cluster's state into the hub: a minion's, pushed or
@@ -136,6 +141,7 @@ type SessionOptions struct {
 type Session struct {
 	cs   *clusterState
 	away bool
+	peer bool // from a peer replica (SessionOptions.Peer)
 	own  bool // written by the cluster itself (its source, Hub.Apply), not a copy: the breaker judges it
 	sink *mcp.Sink
 

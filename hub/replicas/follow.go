@@ -218,7 +218,7 @@ func (l *Layer) runFollow(ctx context.Context, cluster string, f *follow, addrs 
 	go func() {
 		defer wg.Done()
 		l.h.Redial(ctx, addrs, log, func(ctx context.Context, conn *grpc.ClientConn) error {
-			s, err := l.h.OpenSession(cluster, hub.SessionOptions{Node: node, Away: f.copy})
+			s, err := l.h.OpenSession(cluster, hub.SessionOptions{Node: node, Away: f.copy, Peer: true})
 			if err != nil {
 				return err
 			}

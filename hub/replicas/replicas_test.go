@@ -259,7 +259,7 @@ func (tl *testLayer) minionSession(t *testing.T, cluster string) *hub.Session {
 // followSession is a session of f's stream, as runFollow opens it.
 func (tl *testLayer) followSession(t *testing.T, cluster string, f *follow) *hub.Session {
 	t.Helper()
-	s, err := tl.h.OpenSession(cluster, hub.SessionOptions{Away: f.copy})
+	s, err := tl.h.OpenSession(cluster, hub.SessionOptions{Away: f.copy, Peer: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -102,8 +102,8 @@ func TestSupersededStreamIsEnded(t *testing.T) {
 	fm.set("b", "east", 2) // the other minion's session through b
 	fm.Poke()
 	err = ended(t, first)
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "newer session (epoch 2)") || !retryable(err) {
-		t.Fatalf("the superseded stream ended with %v, want a retryable FailedPrecondition naming the newer session", err)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "supersedes this stream's (epoch 2,") || !retryable(err) {
+		t.Fatalf("the superseded stream ended with %v, want a retryable FailedPrecondition naming the session that supersedes it", err)
 	}
 
 	again, _ := m.push(t, ingest)
