@@ -623,8 +623,12 @@ func (h *Hub) pendingClusters() []string {
 }
 
 // checkReady turns the hub ready when no cluster is pending and the layer knows what the
-// group keeps (Layer.GroupKnown).
+// group keeps (Layer.GroupKnown). Once ready it costs nothing: the layer asks at every
+// reconciliation.
 func (h *Hub) checkReady() {
+	if h.Ready() {
+		return
+	}
 	if len(h.pendingClusters()) == 0 && h.layer.GroupKnown() {
 		h.setReady("every configured cluster has synced")
 	}

@@ -131,7 +131,7 @@ type SessionOptions struct {
 	// Peer: the stream comes from a peer replica (following the replica that holds the
 	// cluster, or a copy): what it carries is what that replica serves, so an object this
 	// hub's configuration does not allow is stored and judged as a reload judges it (held by
-	// the breaker, as on the holder), not refused.
+	// the breaker, as on the holder), not refused. Away implies it.
 	Peer bool
 }
 

@@ -490,11 +490,9 @@ func (h *Hub) keepableNow(cs *clusterState) error {
 	if !h.cfg.Persist {
 		return nil
 	}
-	if st := h.state.Load(); st != nil {
-		cs.mu.Lock()
-		h.saveMetaLocked(cs)
-		cs.mu.Unlock()
-	}
+	cs.mu.Lock()
+	h.saveMetaLocked(cs) // nothing without a state file open: flushState says why
+	cs.mu.Unlock()
 	return h.flushState()
 }
 

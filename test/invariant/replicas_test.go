@@ -850,18 +850,7 @@ func (w *rworld) do(e event) error {
 			if rm, ok := w.removedAt[r.name][cluster]; ok {
 				// The removal is confirmed at this replica: it has nothing of that writer's
 				// any more; the others keep their departed copies.
-				delete(w.removedAt[r.name], cluster)
-				if m.clusterOf(rm.identity) == nil {
-					w.forgot[r.name][rm.identity] = true
-				}
-				confirmed := true
-				for _, rs := range w.removedAt {
-					_, still := rs[cluster]
-					confirmed = confirmed && !still
-				}
-				if confirmed {
-					delete(m.removed, cluster)
-				}
+				w.removalGone(r.name, cluster, rm)
 			}
 			m.withdrawn(w.heldNow())
 		}
@@ -1063,6 +1052,22 @@ func (w *rworld) allowedAt(r string) map[key]bool {
 	return out
 }
 
+// removalGone records that replica r no longer keeps cluster's removal rm (confirmed there,
+// or lost with its state): it has nothing of that writer's any more, unless the
+// configuration has the writer again; once no replica keeps it, the removal is gone.
+func (w *rworld) removalGone(r, cluster string, rm removal) {
+	delete(w.removedAt[r], cluster)
+	if w.m.clusterOf(rm.identity) == nil {
+		w.forgot[r][rm.identity] = true
+	}
+	for _, rs := range w.removedAt {
+		if _, still := rs[cluster]; still {
+			return
+		}
+	}
+	delete(w.m.removed, cluster)
+}
+
 // removalsFromPeers is what a replica started without the removals its state file kept
 // (lost: those its start lost; all of them in an empty state directory) knows of them:
 // only the departed copies its running peers keep (replicas do not share operators'
@@ -1079,18 +1084,7 @@ func (w *rworld) removalsFromPeers(r *replica, lost func(cluster string) bool) {
 			}
 		}
 		if !kept {
-			delete(w.removedAt[r.name], name)
-			if w.m.clusterOf(rm.identity) == nil {
-				w.forgot[r.name][rm.identity] = true
-			}
-			confirmed := true
-			for _, rs := range w.removedAt {
-				_, still := rs[name]
-				confirmed = confirmed && !still
-			}
-			if confirmed {
-				delete(w.m.removed, name)
-			}
+			w.removalGone(r.name, name, rm)
 		}
 	}
 }
