@@ -34,8 +34,9 @@
 // replicas (two per replica, one incremental, one full-state) and move only when their
 // stream ends. Reloads go to every replica, one after the other; an operator's release goes
 // to the replica holding the cluster, to each (a departed cluster's removal is confirmed per
-// replica), or to one. After each step it waits, bounded, until every minion is answered,
-// every restarted replica whose peers have what it waits for is ready, and every ready
+// replica), or to one. After each step it waits, bounded, until every minion is answered
+// (the only running minion of an identity: until it writes), every restarted replica whose
+// peers offer what it waits for is ready, and every ready
 // replica (probed) serves what the model allows, with every sink holding what its replica
 // serves; the model adds per-replica confirmations of removals, held deletions as the
 // holder's (followers keep the objects), and peers' copies as what a replica may also
